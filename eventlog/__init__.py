@@ -1,0 +1,50 @@
+"""A durable, content-addressed transcript log for AI agents.
+
+>>> import tempfile
+>>> from eventlog import EventLog
+>>> with tempfile.TemporaryDirectory() as tmp, EventLog.open(tmp) as log:
+...     turn = [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "hello"}]
+...     log.flush("chat", turn).appended, log.flush("chat", turn).appended
+...     log.messages("chat")[1]["content"]
+(2, 0)
+'hello'
+"""
+
+from __future__ import annotations
+
+from .errors import (
+    ConflictError,
+    CorruptLogError,
+    EventLogError,
+    HistoryMismatchError,
+    InvalidMessageError,
+    ReadOnlyError,
+    StorageFullError,
+    UnknownSessionError,
+)
+from .log import COUNTERS, EMPTY_HEAD, EventLog, FlushResult, check_session_id
+from .replay import Occurrence, Tombstone, repair
+from .snapshot import EPHEMERAL_FLAGS, is_ephemeral
+from .store import Record
+
+__all__ = [
+    "COUNTERS",
+    "EMPTY_HEAD",
+    "EPHEMERAL_FLAGS",
+    "ConflictError",
+    "CorruptLogError",
+    "EventLog",
+    "EventLogError",
+    "FlushResult",
+    "HistoryMismatchError",
+    "InvalidMessageError",
+    "Occurrence",
+    "ReadOnlyError",
+    "Record",
+    "StorageFullError",
+    "Tombstone",
+    "UnknownSessionError",
+    "check_session_id",
+    "is_ephemeral",
+    "repair",
+]

@@ -1,0 +1,134 @@
+"""Canonical bytes and digests: what makes a message's identity intrinsic.
+
+A message's canonical bytes are the MessagePack encoding of the message without
+its top-level ``_`` keys, with map keys sorted.  Equal content gives equal bytes
+whatever the key insertion order, so:
+
+- content digest = SHA-256(canonical bytes)
+- node digest    = SHA-256(parent node digest || content digest), the parent of a
+  session's first message being :data:`ZERO` (32 zero bytes).
+
+A node digest names a message *and* everything before it, so one comparison tells
+whether two transcripts share a prefix.
+
+Messages must be JSON-like: ``dict`` with ``str`` keys, ``list``/``tuple``, ``str``,
+``int`` (64-bit), finite ``float``, ``bool`` and ``None``.  Anything else is refused
+with an :class:`~eventlog.errors.InvalidMessageError` that names the message index and
+the path inside it, rather than stored in a form that would not read back the same.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from hashlib import sha256
+from typing import Any
+
+import msgspec
+
+from .errors import InvalidMessageError
+
+ZERO = bytes(32)
+"""The parent node digest of a session's first message."""
+
+MAX_DEPTH = 64
+"""How deeply containers may nest inside a message (a message is depth 0)."""
+
+_encoder = msgspec.msgpack.Encoder(order="deterministic")
+_decoder = msgspec.msgpack.Decoder()
+
+encode = _encoder.encode
+"""Deterministic MessagePack encoding (sorted keys); the canonical form of stripped messages."""
+
+decode = _decoder.decode
+"""Decode MessagePack produced by :func:`encode` into JSON-like Python values."""
+
+
+def strip(message: Mapping[str, Any]) -> dict[str, Any]:
+    """The message without its process-local top-level ``_`` keys (a new dict; the input is untouched)."""
+    for key in message:
+        if type(key) is str and key[:1] == "_":
+            return {k: v for k, v in message.items() if not (type(k) is str and k[:1] == "_")}
+    return message if type(message) is dict else dict(message)
+
+
+def canonical(message: Any, index: int) -> bytes:
+    """Validate ``message`` (at ``index`` of the caller's list) and return its canonical bytes.
+
+    Raises :class:`InvalidMessageError` naming ``messages[index]`` and the path of the
+    first value that is not JSON-like.
+    """
+    if not isinstance(message, Mapping):
+        raise InvalidMessageError(
+            f"messages[{index}]: {type(message).__name__} is not a mapping", index=index
+        )
+    body = strip(message)
+    check(body, index)
+    try:
+        return _encoder.encode(body)
+    except (TypeError, ValueError, OverflowError) as e:  # pragma: no cover - check() finds these first
+        raise InvalidMessageError(f"messages[{index}]: {e}", index=index) from e
+
+
+def content_digest(data: bytes) -> bytes:
+    return sha256(data).digest()
+
+
+def node_digest(parent: bytes, digest: bytes) -> bytes:
+    return sha256(parent + digest).digest()
+
+
+def check(body: dict[str, Any], index: int) -> None:
+    """Raise :class:`InvalidMessageError` unless ``body`` is JSON-like all the way down."""
+    problem = _problem(body, 0)
+    if problem is not None:
+        path, what = problem
+        where = "".join(f"[{p!r}]" if isinstance(p, str) else f"[{p}]" for p in reversed(path))
+        where = where.replace("'", '"')
+        raise InvalidMessageError(f"messages[{index}]{where}: {what}", index=index, path=where)
+
+
+def _problem(value: Any, depth: int) -> tuple[list[Any], str] | None:
+    # Fast exact-type checks first; most values in a message are str.
+    t = type(value)
+    if t is str:
+        return None if value.isascii() or _utf8_ok(value) else ([], "str contains a lone surrogate")
+    if t is dict or (t is not str and isinstance(value, dict)):
+        if depth >= MAX_DEPTH:
+            return [], f"nested deeper than {MAX_DEPTH} levels"
+        for key, item in value.items():
+            if type(key) is not str:
+                return [key], f"key {key!r} is a {type(key).__name__}, not a str"
+            if not key.isascii() and not _utf8_ok(key):
+                return [key], "key contains a lone surrogate"
+            found = _problem(item, depth + 1)
+            if found is not None:
+                found[0].append(key)
+                return found
+        return None
+    if t is list or t is tuple or isinstance(value, (list, tuple)):
+        if depth >= MAX_DEPTH:
+            return [], f"nested deeper than {MAX_DEPTH} levels"
+        for i, item in enumerate(value):
+            found = _problem(item, depth + 1)
+            if found is not None:
+                found[0].append(i)
+                return found
+        return None
+    if value is None or t is bool:
+        return None
+    if t is int:
+        return None if -(2**63) <= value < 2**64 else ([], "int does not fit in 64 bits")
+    if t is float:
+        return None if math.isfinite(value) else ([], f"float {value!r} is not JSON-like")
+    if isinstance(value, str):  # str subclasses (enums) would not read back as themselves
+        return [], f"{t.__name__} is not JSON-like (use a plain str)"
+    return [], f"{t.__name__} is not JSON-like"
+
+
+def _utf8_ok(text: str) -> bool:
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True

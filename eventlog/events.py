@@ -1,0 +1,121 @@
+"""The events of the log: immutable, tagged msgspec Structs.
+
+Every event is stored once, in sequence, under a gapless global ``seq``.  Tags are
+explicit integers that are never reused and never derived from a class name, so
+renaming code cannot break stored data.  Schema evolution follows msgspec's rules:
+new fields get defaults, field types never change, tags are never recycled.
+
+A stored event is an *envelope* (see :mod:`eventlog.store`) around the encoded
+payload Struct defined here.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Final, Union
+
+import msgspec
+
+
+class Event(msgspec.Struct, frozen=True, kw_only=True, tag_field="k", omit_defaults=True):
+    """Base of every event payload; ``session`` is the session the event belongs to."""
+
+    session: str
+
+
+class SessionOpened(Event, tag=1):
+    """A session came into being, optionally forked from ``source`` sharing its first ``at`` messages."""
+
+    source: str | None = None
+    at: int = 0
+    source_head: bytes | None = None
+    """Node digest of the source's message at ``at - 1`` (what the fork shares)."""
+
+
+class MessagesAppended(Event, tag=2):
+    """Messages became live at positions ``position ..`` of the session.
+
+    Columns rather than one Struct per message keep encoding and decoding cheap:
+    ``digests`` and ``nodes`` are 32-byte digests concatenated, ``bodies[i]`` holds the
+    canonical bytes of message ``i``.  A message carried over from an earlier
+    occurrence (after an edit, a rewind or a compaction) is not stored again: its
+    body is :data:`CARRIED` (MessagePack nil) and ``carried`` maps its index to the
+    ``(seq, index)`` of the event that holds the body.
+    """
+
+    position: int
+    digests: bytes
+    nodes: bytes
+    bodies: list[msgspec.Raw]
+    carried: dict[int, tuple[int, int]] = {}
+    overrides: dict[int, dict[str, Any]] = {}
+    """Display overrides for messages of this batch, keyed by batch index."""
+    summaries: int = 0
+    """How many leading messages of the batch are compaction summaries."""
+
+    def __len__(self) -> int:
+        return len(self.bodies)
+
+    def node(self, i: int) -> bytes:
+        return self.nodes[32 * i : 32 * i + 32]
+
+    def digest(self, i: int) -> bytes:
+        return self.digests[32 * i : 32 * i + 32]
+
+
+class MessagesTombstoned(Event, tag=3):
+    """Messages at ``position ..`` (the whole live suffix) left the live transcript.
+
+    Nothing is deleted: the messages stay in the log for audit and replay.
+    ``nodes`` holds the tombstoned node digests, concatenated.
+    """
+
+    position: int
+    nodes: bytes
+    reason: str
+
+    @property
+    def count(self) -> int:
+        return len(self.nodes) // 32
+
+
+class SessionClosed(Event, tag=4):
+    """The session ended (``reason``: free text such as ``"user_exit"``)."""
+
+    reason: str = ""
+
+
+class SessionUpdated(Event, tag=5):
+    """Session metadata: ``fields`` merge into the session's metadata, ``counters`` add up."""
+
+    fields: dict[str, Any] = {}
+    counters: dict[str, float | int] = {}
+
+
+class MessageAnnotated(Event, tag=6):
+    """A display override for an already stored, unchanged message at ``position``."""
+
+    position: int
+    node: bytes
+    override: dict[str, Any]
+
+
+AnyEvent = Union[SessionOpened, MessagesAppended, MessagesTombstoned, SessionClosed, SessionUpdated, MessageAnnotated]
+
+KIND: Final[dict[type, int]] = {
+    SessionOpened: 1,
+    MessagesAppended: 2,
+    MessagesTombstoned: 3,
+    SessionClosed: 4,
+    SessionUpdated: 5,
+    MessageAnnotated: 6,
+}
+"""Event class to its tag (also written in the envelope, so readers can filter without decoding)."""
+
+CARRIED: Final = msgspec.Raw(b"\xc0")
+"""The body placeholder of a carried message (its body lives in an earlier event)."""
+
+REASONS: Final = ("rewind", "compaction", "edit", "clear")
+"""Why messages were tombstoned."""
+
+encoder = msgspec.msgpack.Encoder()
+decoder = msgspec.msgpack.Decoder(AnyEvent)

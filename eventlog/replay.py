@@ -1,0 +1,214 @@
+"""Reading sessions back: live transcripts, point-in-time replay and the audit history.
+
+The live transcript is read straight from the ``chain`` index.  History and
+point-in-time replay walk a session's events (the ``timeline`` index) through a
+small state machine, so they depend on the events alone.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+import lmdb
+
+from . import codec
+from . import events as ev
+from .errors import CorruptLogError
+from .store import PAIR, SEQ, Store
+
+
+@dataclass(frozen=True, slots=True)
+class Tombstone:
+    """Why and when a message occurrence left the live transcript."""
+
+    reason: str
+    seq: int
+
+
+@dataclass(slots=True)
+class Occurrence:
+    """One message occurrence in a session, as :meth:`EventLog.history` reports it.
+
+    ``origin`` is ``"append"`` (first stored here), ``"carry"`` (re-appended after a
+    divergence, its body referring to ``source``), or ``"fork"`` (shared from the
+    session this one was forked from).  ``source`` is the ``(seq, index)`` of the
+    event that stores the body.
+    """
+
+    position: int
+    node: str
+    digest: str
+    seq: int
+    origin: str
+    source: tuple[int, int]
+    message: dict[str, Any] = field(default_factory=dict)
+    override: dict[str, Any] | None = None
+    tombstone: Tombstone | None = None
+
+
+class BodyReader:
+    """Fetches message bodies by ``(seq, index)``, decoding each event once per read."""
+
+    def __init__(self, store: Store, txn: lmdb.Transaction) -> None:
+        self.store = store
+        self.txn = txn
+        self._events: dict[int, ev.MessagesAppended] = {}
+
+    def appended(self, seq: int) -> ev.MessagesAppended:
+        found = self._events.get(seq)
+        if found is None:
+            raw = self.store.raw_event(self.txn, seq)
+            if raw is None:
+                raise CorruptLogError(f"{self.store.path}: event {seq} holding a message body is missing")
+            found = self.store.load(seq, raw).event  # type: ignore[assignment]
+            if not isinstance(found, ev.MessagesAppended):
+                raise CorruptLogError(f"{self.store.path}: event {seq} holds no message bodies")
+            self._events[seq] = found
+        return found
+
+    def body(self, seq: int, index: int) -> bytes:
+        appended = self.appended(seq)
+        try:
+            body = appended.bodies[index]
+        except IndexError:
+            raise CorruptLogError(f"{self.store.path}: event {seq} has no message {index}") from None
+        if index in appended.carried:
+            raise CorruptLogError(f"{self.store.path}: event {seq} message {index} is a reference, not a body")
+        return bytes(body)
+
+    def messages(self, locations: Iterable[tuple[int, int]]) -> list[dict[str, Any]]:
+        decode = codec.decode
+        return [decode(self.body(seq, index)) for seq, index in locations]
+
+
+def session_events(store: Store, txn: lmdb.Transaction, number: int, upto: int | None = None) -> list[int]:
+    """The seqs of a session's events, in order, up to and including ``upto``."""
+    seqs: list[int] = []
+    cursor = txn.cursor(db=store.timeline)
+    prefix = SEQ.pack(number)
+    if not cursor.set_range(prefix):
+        return seqs
+    for key in cursor.iternext(keys=True, values=False):
+        if key[:8] != prefix:
+            break
+        seq = PAIR.unpack(key)[1]
+        if upto is not None and seq > upto:
+            break
+        seqs.append(seq)
+    return seqs
+
+
+def replay(store: Store, txn: lmdb.Transaction, session_id: str, upto: int | None = None) -> tuple[list[Occurrence], list[int]]:
+    """Every occurrence of a session up to ``upto``, and the indices of the live ones by position.
+
+    Bodies are not loaded here (``message`` stays empty); see :func:`fill`.
+    """
+    state = store.session(txn, session_id)
+    if state is None:
+        return [], []
+    occurrences: list[Occurrence] = []
+    live: list[int] = []
+    for seq in session_events(store, txn, state.number, upto):
+        raw = store.raw_event(txn, seq)
+        if raw is None:
+            raise CorruptLogError(f"{store.path}: event {seq} of session {session_id!r} is missing")
+        event = store.load(seq, raw).event
+        if isinstance(event, ev.MessagesAppended):
+            if event.position != len(live):
+                raise CorruptLogError(
+                    f"{store.path}: event {seq} appends at position {event.position}, "
+                    f"but session {session_id!r} has {len(live)} live messages"
+                )
+            for i in range(len(event)):
+                carried = event.carried.get(i)
+                live.append(len(occurrences))
+                occurrences.append(
+                    Occurrence(
+                        position=event.position + i,
+                        node=event.node(i).hex(),
+                        digest=event.digest(i).hex(),
+                        seq=seq,
+                        origin="append" if carried is None else "carry",
+                        source=(seq, i) if carried is None else (carried[0], carried[1]),
+                        override=event.overrides.get(i),
+                    )
+                )
+        elif isinstance(event, ev.MessagesTombstoned):
+            stone = Tombstone(event.reason, seq)
+            for index in live[event.position :]:
+                occurrences[index].tombstone = stone
+            del live[event.position :]
+        elif isinstance(event, ev.MessageAnnotated):
+            if event.position < len(live):
+                occurrences[live[event.position]].override = event.override
+        elif isinstance(event, ev.SessionOpened) and event.source is not None:
+            source_occ, source_live = replay(store, txn, event.source, seq)
+            for position, index in enumerate(source_live[: event.at]):
+                shared = source_occ[index]
+                live.append(len(occurrences))
+                occurrences.append(
+                    Occurrence(
+                        position=position,
+                        node=shared.node,
+                        digest=shared.digest,
+                        seq=seq,
+                        origin="fork",
+                        source=shared.source,
+                        override=shared.override,
+                    )
+                )
+    return occurrences, live
+
+
+def fill(store: Store, txn: lmdb.Transaction, occurrences: list[Occurrence]) -> None:
+    """Load the message body of each occurrence."""
+    reader = BodyReader(store, txn)
+    for occ in occurrences:
+        occ.message = codec.decode(reader.body(*occ.source))
+
+
+def repair(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Make a transcript acceptable to model APIs on resume, without touching the log.
+
+    - An assistant ``tool_calls`` entry whose result never arrived gets a synthetic
+      tool result saying so (placed right after the assistant's other results).
+    - A ``tool`` result that answers no call of the assistant message right before it
+      (an orphan, a duplicate, or one separated from its call by other messages) is
+      dropped: the APIs require results to follow their call directly.
+
+    Returns a new list; the input is not modified.
+    """
+    out: list[dict[str, Any]] = []
+    pending: list[str] = []  # call ids of the last assistant message still awaiting results
+
+    def close_pending() -> None:
+        for call_id in pending:
+            out.append(
+                {
+                    "role": "tool",
+                    "tool_call_id": call_id,
+                    "content": "[no result: the tool call was interrupted before it returned]",
+                }
+            )
+        pending.clear()
+
+    for message in messages:
+        role = message.get("role")
+        if role == "tool":
+            call_id = message.get("tool_call_id")
+            if call_id not in pending:
+                continue
+            pending.remove(call_id)
+            out.append(message)
+            continue
+        close_pending()
+        out.append(message)
+        if role == "assistant":
+            for call in message.get("tool_calls") or ():
+                call_id = call.get("id") if isinstance(call, dict) else None
+                if isinstance(call_id, str):
+                    pending.append(call_id)
+    close_pending()
+    return out

@@ -1,0 +1,218 @@
+"""Turning a caller's message list into digests, cheaply on the second flush.
+
+:func:`prepare` drops ephemeral scaffolding, validates and encodes each message and
+chains its node digest.  Agent loops flush the same, growing list again and again,
+so per session the last flushed list is remembered in a :class:`SnapshotCache`:
+strong references to the caller's objects (so an ``id()`` can never be recycled
+while it is cached) with each message's canonical bytes and node digest.
+
+- Default mode: a message that is the *same object* as last time is re-encoded
+  and its bytes compared with the cached bytes (no hashing).  Every in-place edit
+  is still detected.
+- Trust mode (``trust_identity=True``): the caller promises never to mutate a
+  flushed message, and the same object is trusted without re-encoding, so a flush
+  costs what its new messages cost.
+
+The cache only says what the caller's list *hashes to*; whether those nodes are
+stored is always decided against the log itself.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import OrderedDict
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from operator import is_
+from typing import Any
+
+from . import codec
+from .codec import ZERO, content_digest, node_digest
+
+EPHEMERAL_FLAGS = (
+    "_empty_recovery_synthetic",
+    "_empty_terminal_sentinel",
+    "_thinking_prefill",
+    "_verification_stop_synthetic",
+    "_pre_verify_synthetic",
+    "_kanban_stop_synthetic",
+    "_dropped_toolcall_nudge",
+)
+"""Top-level keys that mark a message as loop scaffolding (the default rule)."""
+
+_FLAG_SET = frozenset(EPHEMERAL_FLAGS)
+
+
+def is_ephemeral(message: Any) -> bool:
+    """The default scaffolding rule: any of :data:`EPHEMERAL_FLAGS` is truthy."""
+    if not isinstance(message, Mapping) or _FLAG_SET.isdisjoint(message):
+        return False
+    return any(message.get(flag) for flag in EPHEMERAL_FLAGS)
+
+
+@dataclass(slots=True)
+class Prepared:
+    """A flushed list reduced to what the log compares and stores.
+
+    ``kept[j]`` is the index in the caller's list of the ``j``-th stored message;
+    ``bodies``, ``digests`` and ``nodes`` are per kept message.
+    """
+
+    kept: list[int]
+    bodies: list[bytes]
+    digests: list[bytes]
+    nodes: list[bytes]
+    raw: list[Any] = field(default_factory=list)
+    """The caller's list as flushed (strong references), for the cache."""
+    fast: list[bytes | None] = field(default_factory=list)
+    """Per caller index: the encoding of the message as given (with ``_`` keys), None if not encodable."""
+    flags: list[bool] = field(default_factory=list)
+    """Per caller index: whether the message was scaffolding."""
+
+    @property
+    def head(self) -> bytes:
+        return self.nodes[-1] if self.nodes else ZERO
+
+
+class SnapshotCache:
+    """The last flushed :class:`Prepared` per session, bounded by total messages held (LRU)."""
+
+    def __init__(self, max_messages: int = 200_000) -> None:
+        self.max_messages = max_messages
+        self._items: OrderedDict[str, Prepared] = OrderedDict()
+        self._size = 0
+        self._lock = threading.Lock()
+
+    def get(self, session_id: str) -> Prepared | None:
+        with self._lock:
+            found = self._items.get(session_id)
+            if found is not None:
+                self._items.move_to_end(session_id)
+            return found
+
+    def put(self, session_id: str, prepared: Prepared) -> None:
+        if len(prepared.raw) > self.max_messages:
+            self.discard(session_id)
+            return
+        with self._lock:
+            old = self._items.pop(session_id, None)
+            if old is not None:
+                self._size -= len(old.raw)
+            self._items[session_id] = prepared
+            self._size += len(prepared.raw)
+            while self._size > self.max_messages and self._items:
+                _, evicted = self._items.popitem(last=False)
+                self._size -= len(evicted.raw)
+
+    def discard(self, session_id: str) -> None:
+        with self._lock:
+            old = self._items.pop(session_id, None)
+            if old is not None:
+                self._size -= len(old.raw)
+
+    def clear(self) -> None:
+        with self._lock:
+            self._items.clear()
+            self._size = 0
+
+
+def prepare(
+    messages: Sequence[Any],
+    previous: Prepared | None,
+    *,
+    ephemeral: Callable[[Any], bool] = is_ephemeral,
+    trust_identity: bool = False,
+) -> Prepared:
+    """Compute bodies, digests and nodes for ``messages``, reusing ``previous`` where it is safe.
+
+    Raises :class:`~eventlog.errors.InvalidMessageError` for a message that is not
+    JSON-like; nothing is cached or written in that case.
+    """
+    raw = list(messages)
+    reuse = _reusable(raw, previous, trust_identity)
+    out = Prepared([], [], [], [], raw, [], [])
+    parent = ZERO
+    if reuse:
+        assert previous is not None
+        kept_reused = _kept_before(previous.kept, reuse)
+        out.kept = previous.kept[:kept_reused]
+        out.bodies = previous.bodies[:kept_reused]
+        out.digests = previous.digests[:kept_reused]
+        out.nodes = previous.nodes[:kept_reused]
+        out.fast = previous.fast[:reuse]
+        out.flags = previous.flags[:reuse]
+        if out.nodes:
+            parent = out.nodes[-1]
+    encode = codec.encode
+    for index in range(reuse, len(raw)):
+        message = raw[index]
+        try:
+            fast: bytes | None = encode(message)
+        except Exception:  # _ keys may hold process-local objects; only canonical bytes matter
+            fast = None
+        out.fast.append(fast)
+        if ephemeral(message):
+            out.flags.append(True)
+            continue
+        out.flags.append(False)
+        if fast is not None and type(message) is dict and codec.strip(message) is message:
+            # No `_` keys: the encoding just made is the canonical one.
+            codec.check(message, index)
+            body = fast
+        else:
+            body = codec.canonical(message, index)
+        digest = content_digest(body)
+        parent = node_digest(parent, digest)
+        out.kept.append(index)
+        out.bodies.append(body)
+        out.digests.append(digest)
+        out.nodes.append(parent)
+    return out
+
+
+def _kept_before(kept: list[int], limit: int) -> int:
+    """How many kept indices are below ``limit`` (kept is sorted)."""
+    lo, hi = 0, len(kept)
+    while lo < hi:
+        mid = (lo + hi) // 2
+        if kept[mid] < limit:
+            lo = mid + 1
+        else:
+            hi = mid
+    return lo
+
+
+def _reusable(raw: list[Any], previous: Prepared | None, trust_identity: bool) -> int:
+    """How many leading messages of ``raw`` can reuse ``previous``'s results unchanged."""
+    if previous is None or not previous.raw:
+        return 0
+    n = min(len(raw), len(previous.raw))
+    old = previous.raw
+    if n == len(old) and all(map(is_, raw[:n], old)):
+        same = n
+    else:
+        same = 0
+        for a, b in zip(raw, old):
+            if a is not b:
+                break
+            same += 1
+    if trust_identity or same == 0:
+        return same
+    # Same objects, but a dict may have been edited in place: compare fresh encodings
+    # with the cached ones.  One C-level pass in the common case, no hashing.
+    fast = previous.fast
+    try:
+        if list(map(codec.encode, raw[:same])) == fast[:same]:
+            return same
+    except Exception:
+        pass
+    for index in range(same):
+        message = raw[index]
+        try:
+            current: bytes | None = codec.encode(message)
+        except Exception:
+            current = None
+        if current is None or current != fast[index]:
+            # Could be a change only in `_` keys or scaffolding flags; the slow path sorts it out.
+            return index
+    return same

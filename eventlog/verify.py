@@ -1,0 +1,204 @@
+"""Auditing a log: recompute every digest, the event hash chain and the derived indexes.
+
+:func:`verify` walks every event once, in order, replaying each session's live
+chain in memory from the events alone, and checks that
+
+- seqs are gapless from 1 and each event names the hash of the one before it,
+  and the log's recorded tail is the last event's hash;
+- every stored body hashes to its content digest, every carried message refers to
+  a stored body with the same digest, and every node digest is
+  SHA-256(parent node || content digest) along its session's chain;
+- tombstones and forks name the nodes that were live at the time;
+- the derived indexes (session heads and lengths, the live chain) equal what the
+  events say.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from hashlib import sha256
+
+from . import events as ev
+from .codec import ZERO
+from .errors import CorruptLogError
+from .store import HEADER, LINK, PAIR, SEQ, SessionState, Store, event_hash
+
+
+@dataclass(frozen=True, slots=True)
+class Problem:
+    """One thing that is not as written: where (``seq`` 0 for an index) and what."""
+
+    seq: int
+    what: str
+
+    def __str__(self) -> str:
+        return f"event {self.seq}: {self.what}" if self.seq else self.what
+
+
+@dataclass(slots=True)
+class VerifyReport:
+    """The outcome of :func:`verify`: ``ok`` when nothing failed; ``problems`` lists what did."""
+
+    events: int = 0
+    sessions: int = 0
+    messages: int = 0
+    problems: list[Problem] = field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        return not self.problems
+
+    @property
+    def first(self) -> Problem | None:
+        return self.problems[0] if self.problems else None
+
+    def __str__(self) -> str:
+        if self.ok:
+            return f"ok: {self.events} events, {self.sessions} sessions, {self.messages} message bodies verified"
+        return f"FAILED at {self.problems[0]} ({len(self.problems)} problem(s))"
+
+
+def verify(store: Store, *, progress: Callable[[int, int], None] | None = None, limit: int = 100) -> VerifyReport:
+    """Check the whole log; stop collecting after ``limit`` problems.
+
+    ``progress(done, total)`` is called every few thousand events.
+    """
+    report = VerifyReport()
+    problems = report.problems
+    chains: dict[str, list[tuple[bytes, bytes, int, int]]] = {}
+    digests: dict[int, bytes] = {}  # seq of an append -> its digests, to check references
+    prev_hash = bytes(32)
+    expected_seq = 1
+    with store.read() as txn:
+        total, tail_hash = store.tail(txn)
+        cursor = txn.cursor(db=store.events)
+        for key, raw in cursor:
+            if len(problems) >= limit:
+                break
+            seq = SEQ.unpack(key)[0]
+            report.events += 1
+            if seq != expected_seq:
+                problems.append(Problem(seq, f"seq gap: expected {expected_seq}"))
+            expected_seq = seq + 1
+            if len(raw) < HEADER.size:
+                problems.append(Problem(seq, "envelope is truncated"))
+                continue
+            stored_prev, _, kind, _ = HEADER.unpack_from(raw)
+            if stored_prev != prev_hash:
+                problems.append(Problem(seq, "previous-event hash does not match the event before it"))
+            prev_hash = event_hash(seq, raw)
+            try:
+                record = store.load(seq, raw)
+            except CorruptLogError as e:
+                problems.append(Problem(seq, str(e)))
+                continue
+            event = record.event
+            if ev.KIND[type(event)] != kind:
+                problems.append(Problem(seq, f"envelope kind {kind} does not match the payload"))
+            _check_event(seq, event, chains, digests, problems, report)
+            if progress is not None and report.events % 4096 == 0:
+                progress(report.events, total)
+        if report.events != total:
+            problems.append(Problem(0, f"the log's tail says {total} events, found {report.events}"))
+        elif total and tail_hash != prev_hash:
+            problems.append(Problem(total, "the log's recorded tail hash does not match the last event"))
+        _check_indexes(store, txn, chains, problems)
+    report.sessions = len(chains)
+    if progress is not None:
+        progress(report.events, total)
+    return report
+
+
+def _check_event(
+    seq: int,
+    event: ev.AnyEvent,
+    chains: dict[str, list[tuple[bytes, bytes, int, int]]],
+    digests: dict[int, bytes],
+    problems: list[Problem],
+    report: VerifyReport,
+) -> None:
+    session = event.session
+    if isinstance(event, ev.SessionOpened):
+        if session in chains:
+            problems.append(Problem(seq, f"session {session!r} opened twice"))
+        shared: list[tuple[bytes, bytes, int, int]] = []
+        if event.source is not None:
+            source = chains.get(event.source)
+            if source is None or event.at > len(source):
+                problems.append(Problem(seq, f"fork of {event.source!r} at {event.at}: no such prefix"))
+            else:
+                shared = source[: event.at]
+                head = shared[-1][0] if shared else None
+                if head != event.source_head:
+                    problems.append(Problem(seq, f"fork of {event.source!r}: shared head does not match"))
+        chains[session] = list(shared)
+        return
+    chain = chains.get(session)
+    if chain is None:
+        problems.append(Problem(seq, f"event for session {session!r} before it was opened"))
+        chains[session] = chain = []
+    if isinstance(event, ev.MessagesAppended):
+        n = len(event)
+        if len(event.digests) != 32 * n or len(event.nodes) != 32 * n:
+            problems.append(Problem(seq, "digest or node columns do not match the number of messages"))
+            return
+        if event.position != len(chain):
+            problems.append(Problem(seq, f"appends at position {event.position}, live length is {len(chain)}"))
+            return
+        digests[seq] = event.digests
+        parent = chain[-1][0] if chain else ZERO
+        for i in range(n):
+            digest = event.digest(i)
+            node = event.node(i)
+            where = event.carried.get(i)
+            if where is None:
+                report.messages += 1
+                if sha256(bytes(event.bodies[i])).digest() != digest:
+                    problems.append(Problem(seq, f"message {i} (position {event.position + i}): body does not match its content digest"))
+                location = (seq, i)
+            else:
+                ref_seq, ref_index = where
+                ref = digests.get(ref_seq)
+                if ref is None or ref[32 * ref_index : 32 * ref_index + 32] != digest:
+                    problems.append(Problem(seq, f"message {i}: carried body ({ref_seq}, {ref_index}) is missing or differs"))
+                location = (ref_seq, ref_index)
+            if sha256(parent + digest).digest() != node:
+                problems.append(Problem(seq, f"message {i} (position {event.position + i}): node digest does not chain from its parent"))
+            chain.append((node, digest, location[0], location[1]))
+            parent = node
+    elif isinstance(event, ev.MessagesTombstoned):
+        live = b"".join(link[0] for link in chain[event.position :])
+        if live != event.nodes:
+            problems.append(Problem(seq, f"tombstone at {event.position} does not name the live suffix"))
+        del chain[event.position :]
+    elif isinstance(event, ev.MessageAnnotated):
+        if event.position >= len(chain) or chain[event.position][0] != event.node:
+            problems.append(Problem(seq, f"annotation of position {event.position} names a node that is not live"))
+
+
+def _check_indexes(store: Store, txn, chains: dict[str, list[tuple[bytes, bytes, int, int]]], problems: list[Problem]) -> None:  # noqa: ANN001
+    seen = 0
+    for key, raw in txn.cursor(db=store.sessions):
+        seen += 1
+        session = key.decode("utf-8", "replace")
+        state = SessionState.unpack(raw)
+        chain = chains.get(session)
+        if chain is None:
+            problems.append(Problem(0, f"index: session {session!r} has no events"))
+            continue
+        head = chain[-1][0] if chain else ZERO
+        if state.length != len(chain) or state.head != head:
+            problems.append(Problem(0, f"index: session {session!r} length/head differ from its events"))
+            continue
+        cursor = txn.cursor(db=store.chain)
+        stored = []
+        if cursor.set_range(PAIR.pack(state.number, 0)):
+            for ckey, value in cursor:
+                if ckey[:8] != SEQ.pack(state.number):
+                    break
+                stored.append(LINK.unpack(value))
+        if stored != chain:
+            problems.append(Problem(0, f"index: live chain of session {session!r} differs from its events"))
+    if seen != len(chains):
+        problems.append(Problem(0, f"index: {seen} sessions indexed, the events have {len(chains)}"))
