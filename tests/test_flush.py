@@ -1,0 +1,327 @@
+"""The flush contract (SPEC section 3)."""
+
+from __future__ import annotations
+
+import copy
+import gc
+
+import pytest
+
+from eventlog import (
+    EMPTY_HEAD,
+    ConflictError,
+    EventLog,
+    HistoryMismatchError,
+    InvalidMessageError,
+    events,
+)
+
+from factories import assistant, user
+
+
+def appended_events(log: EventLog) -> list[events.MessagesAppended]:
+    return [r.event for r in log.events() if isinstance(r.event, events.MessagesAppended)]
+
+
+def stored_bodies(log: EventLog) -> int:
+    return sum(len(e) - len(e.carried) for e in appended_events(log))
+
+
+def test_same_list_flushed_many_times_writes_each_message_once(log):
+    messages = [user("hi"), assistant("hello")]
+    first = log.flush("s", messages)
+    seq = log.last_seq
+    for _ in range(5):
+        again = log.flush("s", messages)
+        assert (again.appended, again.tombstoned, again.unchanged) == (0, 0, 2)
+        assert again.head == first.head
+    assert log.last_seq == seq
+    assert stored_bodies(log) == 2
+
+
+def test_growing_list_appends_only_new_messages(log):
+    messages = [user("q1")]
+    log.flush("s", messages)
+    messages += [assistant("a1"), user("q2")]
+    result = log.flush("s", messages)
+    assert (result.appended, result.unchanged) == (2, 1)
+    assert log.messages("s") == messages
+    assert stored_bodies(log) == 3
+
+
+def test_fresh_copies_are_recognised(log):
+    messages = [user("hi"), assistant("hello", tool_calls=[{"id": "c1", "type": "function"}])]
+    log.flush("s", messages)
+    result = log.flush("s", copy.deepcopy(messages))
+    assert result.appended == 0 and result.unchanged == 2
+
+
+def test_key_order_does_not_matter(log):
+    log.flush("s", [{"role": "user", "content": "x"}])
+    result = log.flush("s", [{"content": "x", "role": "user"}])
+    assert result.appended == 0
+
+
+def test_identical_content_at_two_positions_is_two_messages(log):
+    ok = assistant("ok")
+    result = log.flush("s", [user("a"), ok, user("b"), dict(ok)])
+    assert result.appended == 4
+    assert [m["content"] for m in log.messages("s")] == ["a", "ok", "b", "ok"]
+
+
+def test_same_object_twice_in_the_list_is_two_messages(log):
+    ok = assistant("ok")
+    log.flush("s", [ok, ok])
+    assert len(log.messages("s")) == 2
+
+
+def test_underscore_keys_are_neither_stored_nor_counted(log):
+    log.flush("s", [user("hi", _row_id=7, _marker=True)])
+    assert log.messages("s") == [user("hi")]
+    result = log.flush("s", [user("hi", _marker=False)])
+    assert result.appended == 0
+
+
+def test_callers_dicts_are_never_mutated(log):
+    messages = [user("hi", _x=1), assistant("a", _compressed_summary=False)]
+    before = copy.deepcopy(messages)
+    log.flush("s", messages, overrides={0: {"content": "clean"}})
+    log.flush("s", messages)
+    assert messages == before
+
+
+def test_recycled_ids_never_hide_a_new_message(log):
+    """The id()-reuse bug: a freed dict's address given to a new message must not matter."""
+    messages = [user("q1"), assistant("draft")]
+    log.flush("s", messages)
+    seen = {id(messages[1])}
+    messages.pop()
+    gc.collect()
+    for i in range(200):  # allocate until CPython hands out the same address again (or not)
+        candidate = assistant(f"real answer {i}")
+        if id(candidate) in seen or i == 199:
+            messages.append(candidate)
+            break
+    result = log.flush("s", messages)
+    assert result.appended == 1
+    assert log.messages("s")[-1]["content"] == messages[-1]["content"]
+
+
+def test_scaffolding_is_never_stored_and_its_removal_tombstones_nothing(log):
+    messages = [user("q"), assistant("", _empty_recovery_synthetic=True), user("nudge", _thinking_prefill=True)]
+    result = log.flush("s", messages)
+    assert result.appended == 1
+    del messages[1:]
+    messages.append(assistant("real"))
+    result = log.flush("s", messages)
+    assert (result.appended, result.tombstoned) == (1, 0)
+    assert log.messages("s") == [user("q"), assistant("real")]
+
+
+def test_scaffolding_rule_is_replaceable(tmp_path):
+    with EventLog.open(tmp_path / "l", ephemeral=lambda m: m.get("role") == "debug") as log:
+        log.flush("s", [user("q"), {"role": "debug", "content": "x"}, assistant("a", _thinking_prefill=True)])
+        assert [m["role"] for m in log.messages("s")] == ["user", "assistant"]
+
+
+def test_in_place_edit_is_recorded_as_edit(log):
+    messages = [user("q1"), assistant("a1"), user("q2")]
+    log.flush("s", messages)
+    messages[1]["content"] = "a1 (edited)"
+    result = log.flush("s", messages)
+    assert (result.appended, result.tombstoned, result.unchanged) == (2, 2, 1)
+    assert log.messages("s")[1]["content"] == "a1 (edited)"
+    stones = [r.event for r in log.events() if isinstance(r.event, events.MessagesTombstoned)]
+    assert [(s.position, s.count, s.reason) for s in stones] == [(1, 2, "edit")]
+
+
+def test_in_place_edit_is_detected_in_trust_mode_only_when_object_changes(tmp_path):
+    with EventLog.open(tmp_path / "l", trust_identity=True) as log:
+        messages = [user("q1"), assistant("a1")]
+        log.flush("s", messages)
+        messages[1]["content"] = "changed in place"
+        assert log.flush("s", messages).appended == 0  # trusted: the caller promised not to do this
+        messages[1] = assistant("a new object")
+        assert log.flush("s", messages).appended == 1
+
+
+def test_shorter_list_is_a_rewind(log):
+    messages = [user("q1"), assistant("a1"), user("q2"), assistant("a2")]
+    log.flush("s", messages)
+    result = log.flush("s", messages[:2] + [user("q2 again")])
+    assert (result.appended, result.tombstoned, result.unchanged) == (1, 2, 2)
+    stone = next(r.event for r in log.events() if isinstance(r.event, events.MessagesTombstoned))
+    assert stone.reason == "rewind"
+
+
+def test_truncation_alone_is_a_rewind(log):
+    messages = [user("q1"), assistant("a1"), user("q2")]
+    log.flush("s", messages)
+    result = log.flush("s", messages[:1])
+    assert (result.appended, result.tombstoned) == (0, 2)
+    assert log.messages("s") == messages[:1]
+
+
+def test_summary_first_is_a_compaction_even_without_common_prefix(log):
+    log.flush("s", [user("q1"), assistant("a1"), user("q2")])
+    compacted = [user("summary of q1/a1", _compressed_summary=True), user("q2")]
+    result = log.flush("s", compacted)
+    assert (result.appended, result.tombstoned) == (2, 3)
+    stone = next(r.event for r in log.events() if isinstance(r.event, events.MessagesTombstoned))
+    assert stone.reason == "compaction"
+    appended = appended_events(log)[-1]
+    assert appended.summaries == 1
+    assert appended.carried == {1: (2, 2)}  # q2's body is referenced, not stored again
+
+
+def test_no_common_prefix_is_refused(log):
+    log.flush("s", [user("q1"), assistant("a1")])
+    seq = log.last_seq
+    with pytest.raises(HistoryMismatchError, match="shares no prefix"):
+        log.flush("s", [user("something else")])
+    with pytest.raises(HistoryMismatchError, match="is empty"):
+        log.flush("s", [])
+    assert log.last_seq == seq
+
+
+def test_replace_clears(log):
+    log.flush("s", [user("q1"), assistant("a1")])
+    result = log.flush("s", [user("fresh start")], replace=True)
+    assert (result.appended, result.tombstoned) == (1, 2)
+    assert log.messages("s") == [user("fresh start")]
+    stone = next(r.event for r in log.events() if isinstance(r.event, events.MessagesTombstoned))
+    assert stone.reason == "clear"
+    log.flush("s", [], replace=True)
+    assert log.messages("s") == [] and log.head("s") is None
+
+
+def test_carried_bodies_are_not_stored_again(log):
+    """An edit near the start of a long session must not double the log's size."""
+    messages = [user(f"message {i} " + "x" * 500) for i in range(200)]
+    log.flush("s", messages)
+    size_before = sum(len(bytes(b)) for e in appended_events(log) for b in e.bodies)
+    messages[1] = user("edited")
+    result = log.flush("s", messages)
+    assert (result.appended, result.tombstoned) == (199, 199)
+    last = appended_events(log)[-1]
+    assert len(last.carried) == 198
+    size_after = sum(len(bytes(b)) for e in appended_events(log) for b in e.bodies)
+    assert size_after - size_before < 2000
+    assert log.messages("s") == messages
+    assert log.verify().ok
+
+
+def test_expected_head(log):
+    messages = [user("q1")]
+    first = log.flush("s", messages, expected_head=EMPTY_HEAD)
+    messages.append(assistant("a1"))
+    with pytest.raises(ConflictError, match="not the expected"):
+        log.flush("s", messages, expected_head=EMPTY_HEAD)
+    second = log.flush("s", messages, expected_head=first.head)
+    # Already stored: succeeds whatever expected_head says.
+    assert log.flush("s", messages, expected_head=EMPTY_HEAD).head == second.head
+    assert log.flush("s", messages, expected_head=first.head).appended == 0
+
+
+def test_expected_head_must_be_hex(log):
+    with pytest.raises(ValueError, match="64 hex"):
+        log.flush("s", [user("x")], expected_head="abc")
+
+
+def test_failed_flush_leaves_nothing(log):
+    log.flush("s", [user("q1")])
+    seq = log.last_seq
+    messages = [user("q1")] + [user(f"m{i}") for i in range(600)]
+    messages[500] = user("bad", payload=b"\x00")
+    with pytest.raises(InvalidMessageError, match=r'messages\[500\]\["payload"\]: bytes'):
+        log.flush("s", messages)
+    assert log.last_seq == seq
+    assert log.messages("s") == [user("q1")]
+    # the cache did not keep the failed snapshot
+    messages[500] = user("good")
+    assert log.flush("s", messages).appended == 600
+
+
+@pytest.mark.parametrize("bad", [123, None, b"s"])
+def test_session_id_type(log, bad):
+    with pytest.raises(TypeError):
+        log.flush(bad, [user("x")])
+
+
+@pytest.mark.parametrize("bad", ["", "a\x00b", "x" * 257, "é" * 129, "\ud800"])
+def test_session_id_value(log, bad):
+    with pytest.raises(ValueError):
+        log.flush(bad, [user("x")])
+
+
+def test_session_id_limits_accept_256_bytes(log):
+    log.flush("é" * 128, [user("x")])
+    assert log.sessions() == ["é" * 128]
+
+
+def test_messages_must_be_a_list(log):
+    with pytest.raises(TypeError):
+        log.flush("s", user("x"))  # type: ignore[arg-type]
+
+
+def test_empty_flush_of_new_session_writes_nothing(log):
+    assert log.flush("s", []).head is None
+    assert log.last_seq == 0 and log.sessions() == []
+
+
+def test_reopen_restores_everything(tmp_path):
+    path = tmp_path / "l"
+    messages = [user("q1"), assistant("a1")]
+    with EventLog.open(path) as log:
+        head = log.flush("s", messages).head
+        log_id = log.id
+    with EventLog.open(path) as log:
+        assert log.id == log_id
+        assert log.head("s") == head
+        assert log.messages("s") == messages
+        assert log.flush("s", messages).appended == 0
+
+
+def test_overrides_go_into_the_event_not_the_message(log):
+    messages = [user("wire text with injected context"), assistant("a")]
+    log.flush("s", messages, overrides={0: {"content": "clean text"}})
+    assert log.messages("s")[0]["content"] == "wire text with injected context"
+    assert appended_events(log)[0].overrides == {0: {"content": "clean text"}}
+
+
+def test_override_for_stored_message_is_an_annotation_once(log):
+    messages = [user("q"), assistant("a")]
+    log.flush("s", messages)
+    seq = log.last_seq
+    log.flush("s", messages, overrides={0: {"content": "clean"}})
+    notes = [r.event for r in log.events() if isinstance(r.event, events.MessageAnnotated)]
+    assert [(n.position, n.override) for n in notes] == [(0, {"content": "clean"})]
+    assert log.last_seq == seq + 1
+    log.flush("s", messages, overrides={0: {"content": "clean"}})  # same override again: nothing
+    assert log.last_seq == seq + 1
+    log.flush("s", messages, overrides={0: {"content": "cleaner"}})  # a later override is kept
+    assert log.last_seq == seq + 2
+
+
+def test_override_index_is_into_the_list_as_passed(log):
+    messages = [user("q"), assistant("", _thinking_prefill=True), assistant("a")]
+    log.flush("s", messages, overrides={2: {"display_kind": "answer"}})
+    assert appended_events(log)[0].overrides == {1: {"display_kind": "answer"}}
+    with pytest.raises(ValueError, match="scaffolding"):
+        log.flush("s", messages, overrides={1: {"content": "x"}})
+    with pytest.raises(ValueError, match="no such index"):
+        log.flush("s", messages, overrides={9: {"content": "x"}})
+
+
+def test_carried_message_keeps_its_override(log):
+    messages = [user("q1"), assistant("a1"), user("q2 wire")]
+    log.flush("s", messages, overrides={2: {"content": "q2 clean"}})
+    messages[1] = assistant("a1 edited")
+    log.flush("s", messages)
+    assert appended_events(log)[-1].overrides == {1: {"content": "q2 clean"}}
+    assert log.history("s")[-1].override == {"content": "q2 clean"}
+
+
+def test_tuples_come_back_as_lists(log):
+    log.flush("s", [{"role": "assistant", "content": None, "args": (1, 2)}])
+    assert log.messages("s") == [{"role": "assistant", "content": None, "args": [1, 2]}]
