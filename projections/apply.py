@@ -1,0 +1,324 @@
+"""Applying events to the projection's tables, inside the caller's SQLite transaction.
+
+An :class:`Applier` lives for one transaction.  Appended rows are buffered and
+written with ``executemany`` in large batches; every other event that reads or
+changes existing rows (tombstones, forks, annotations, carried bodies) first
+writes the buffer out, so it always sees the rows in their order.  Session rows
+are kept in memory and written once at the end.
+
+Nothing applied here reads a clock: every value comes from the events (their
+``seq`` and ``time_ns`` included), which is why any split into transactions
+gives the same tables as a rebuild.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+from typing import Any, Final
+
+from eventlog import codec
+from eventlog import events as ev
+from eventlog.store import Record
+
+from .errors import ProjectionCorruptError
+from .rows import DERIVED, derive, from_json, to_json
+
+ROW_COLUMNS: Final = (
+    "session_id",
+    "position",
+    "seq",
+    "idx",
+    "node",
+    "digest",
+    "body_seq",
+    "body_idx",
+    "summary",
+    "created_ns",
+    *DERIVED,
+)
+INSERT_ROW: Final = (
+    f"INSERT INTO messages ({', '.join(ROW_COLUMNS)}) VALUES ({', '.join('?' * len(ROW_COLUMNS))})"
+)
+
+SESSION_COLUMNS: Final = (
+    "id",
+    "parent_id",
+    "fork_position",
+    "created_seq",
+    "created_ns",
+    "closed_seq",
+    "closed_ns",
+    "close_reason",
+    "message_count",
+    "head_node",
+    "last_seq",
+    "title",
+    "model",
+    "source",
+    "metadata",
+    "counters",
+    "input_tokens",
+    "output_tokens",
+    "cache_read_tokens",
+    "cache_write_tokens",
+    "reasoning_tokens",
+    "api_calls",
+    "tool_calls",
+    "cost_usd",
+)
+SAVE_SESSION: Final = (
+    f"INSERT OR REPLACE INTO sessions ({', '.join(SESSION_COLUMNS)}) "
+    f"VALUES ({', '.join('?' * len(SESSION_COLUMNS))})"
+)
+COUNTER_COLUMNS: Final = frozenset(SESSION_COLUMNS[16:])
+"""Usage counters that also have a column of their own (every counter is in ``counters``)."""
+FIELD_COLUMNS: Final = frozenset({"title", "model", "source"})
+
+# Moving copies of a session's live rows into a fork: same digests, bodies and display.
+_COPIED = [c for c in ROW_COLUMNS if c not in ("session_id", "seq", "idx", "created_ns")]
+FORK_ROWS: Final = (
+    f"INSERT INTO messages (session_id, seq, idx, created_ns, {', '.join(_COPIED)}) "
+    f"SELECT ?, ?, position, ?, {', '.join(_COPIED)} FROM messages "
+    "WHERE session_id = ? AND tombstone_seq IS NULL AND position < ? ORDER BY position"
+)
+UNINDEX_SUFFIX: Final = (
+    "INSERT INTO messages_fts (messages_fts, rowid, content, tool_text) "
+    "SELECT 'delete', id, content, tool_text FROM messages "
+    "WHERE session_id = ? AND tombstone_seq IS NULL AND position >= ? AND id <= ?"
+)
+INDEX_PENDING: Final = (
+    "INSERT INTO messages_fts (rowid, content, tool_text) "
+    "SELECT id, content, tool_text FROM messages WHERE id > ? AND tombstone_seq IS NULL ORDER BY id"
+)
+UPDATE_DERIVED: Final = f"UPDATE messages SET {', '.join(f'{c} = ?' for c in DERIVED)} WHERE id = ?"
+
+ROWS_PER_WRITE: Final = 5000
+
+
+class Applier:
+    """Applies records to the tables through ``db``, inside one open transaction.
+
+    ``indexed_upto`` is the ``messages.id`` up to which the search index is current:
+    rows above it are indexed later, in bulk, by :func:`index_pending`; rows at or
+    below it are removed from the index when they are tombstoned or re-displayed.
+    """
+
+    def __init__(self, db: sqlite3.Connection, indexed_upto: int) -> None:
+        self.db = db
+        self.indexed_upto = indexed_upto
+        self.rows: list[tuple[Any, ...]] = []
+        self.sessions: dict[str, list[Any]] = {}
+        self.messages = 0
+
+    # -- public ----------------------------------------------------------------
+
+    def apply(self, record: Record) -> None:
+        event = record.event
+        session = self._session(event.session, record)
+        session[10] = record.seq  # last_seq
+        kind = type(event)
+        if kind is ev.MessagesAppended:
+            self._append(record, event, session)
+        elif kind is ev.MessagesTombstoned:
+            self._tombstone(record, event, session)
+        elif kind is ev.SessionOpened:
+            self._open(record, event, session)
+        elif kind is ev.SessionUpdated:
+            self._update(event, session)
+        elif kind is ev.SessionClosed:
+            session[5], session[6], session[7] = record.seq, record.time_ns, event.reason
+        elif kind is ev.MessageAnnotated:
+            self._annotate(event)
+        else:  # pragma: no cover - the decoder only produces the union's types
+            raise ProjectionCorruptError(f"event {record.seq}: unknown kind {kind.__name__}")
+
+    def finish(self) -> None:
+        """Write buffered rows and the touched sessions."""
+        self._write_rows()
+        if self.sessions:
+            self.db.executemany(SAVE_SESSION, self.sessions.values())
+            self.sessions.clear()
+
+    # -- events ----------------------------------------------------------------
+
+    def _append(self, record: Record, event: ev.MessagesAppended, session: list[Any]) -> None:
+        sid, seq, now = event.session, record.seq, record.time_ns
+        position = event.position
+        count = len(event.bodies)
+        if position != session[8]:
+            raise ProjectionCorruptError(
+                f"event {seq}: appends at position {position} of {sid!r}, which has {session[8]} live rows"
+            )
+        if count == 0:
+            return
+        carried = event.carried
+        if carried:
+            self._write_rows()  # carried bodies are looked up in the table
+        overrides = event.overrides
+        summaries = event.summaries
+        digests, nodes = event.digests, event.nodes
+        decode = codec.decode
+        rows = self.rows
+        for i, body in enumerate(event.bodies):
+            where = carried.get(i) if carried else None
+            if where is None:
+                message = decode(body)
+                body_seq, body_idx = seq, i
+            else:
+                body_seq, body_idx = where
+                message = self._stored_message(seq, body_seq, body_idx)
+            o = 32 * i
+            rows.append(
+                (
+                    sid,
+                    position + i,
+                    seq,
+                    i,
+                    nodes[o : o + 32],
+                    digests[o : o + 32],
+                    body_seq,
+                    body_idx,
+                    1 if i < summaries else 0,
+                    now,
+                    *derive(message, overrides.get(i)),
+                )
+            )
+        self.messages += count
+        session[5] = session[6] = session[7] = None  # new messages reopen a closed session, as in the log
+        session[8] = position + count
+        session[9] = nodes[-32:]
+        if len(rows) >= ROWS_PER_WRITE:
+            self._write_rows()
+
+    def _tombstone(self, record: Record, event: ev.MessagesTombstoned, session: list[Any]) -> None:
+        self._write_rows()
+        sid, position = event.session, event.position
+        found = self.db.execute(
+            "SELECT node FROM messages WHERE session_id = ? AND tombstone_seq IS NULL AND position >= ? "
+            "ORDER BY position",
+            (sid, position),
+        ).fetchall()
+        if b"".join(row[0] for row in found) != event.nodes or position + len(found) != session[8]:
+            raise ProjectionCorruptError(
+                f"event {record.seq}: the live rows of {sid!r} from position {position} are not the tombstoned ones"
+            )
+        # A live row at position p came after the live rows before it, so its id is > p:
+        # when position >= indexed_upto no row of the suffix is in the index yet.
+        if position < self.indexed_upto:
+            self.db.execute(UNINDEX_SUFFIX, (sid, position, self.indexed_upto))
+        self.db.execute(
+            "UPDATE messages SET tombstone_seq = ?, tombstone_reason = ?, tombstoned_ns = ? "
+            "WHERE session_id = ? AND tombstone_seq IS NULL AND position >= ?",
+            (record.seq, event.reason, record.time_ns, sid, position),
+        )
+        session[8] = position
+        session[9] = self._node_at(sid, position - 1) if position else None
+
+    def _open(self, record: Record, event: ev.SessionOpened, session: list[Any]) -> None:
+        if event.source is None:
+            return
+        self._write_rows()
+        source = self._session(event.source, record)
+        at = event.at
+        session[1], session[2] = event.source, at
+        if at == 0:
+            return
+        if at > source[8] or self._node_at(event.source, at - 1) != event.source_head:
+            raise ProjectionCorruptError(
+                f"event {record.seq}: {event.source!r} has no live message {at - 1} with the fork's head"
+            )
+        self.db.execute(FORK_ROWS, (event.session, record.seq, record.time_ns, event.source, at))
+        self.messages += at
+        session[8] = at
+        session[9] = event.source_head
+
+    def _update(self, event: ev.SessionUpdated, session: list[Any]) -> None:
+        if event.fields:
+            metadata = from_json(session[14])
+            metadata.update(event.fields)
+            session[14] = to_json(metadata)
+            for key in FIELD_COLUMNS.intersection(event.fields):
+                value = event.fields[key]
+                session[SESSION_COLUMNS.index(key)] = value if value is None or type(value) is str else to_json(value)
+        if event.counters:
+            counters = from_json(session[15])
+            for key, value in event.counters.items():
+                counters[key] = counters.get(key, 0) + value
+                if key in COUNTER_COLUMNS:
+                    session[SESSION_COLUMNS.index(key)] = counters[key]
+            session[15] = to_json(counters)
+
+    def _annotate(self, event: ev.MessageAnnotated) -> None:
+        self._write_rows()
+        found = self.db.execute(
+            "SELECT id, node, message, content, tool_text FROM messages "
+            "WHERE session_id = ? AND position = ? AND tombstone_seq IS NULL",
+            (event.session, event.position),
+        ).fetchone()
+        if found is None or found[1] != event.node:
+            raise ProjectionCorruptError(
+                f"annotation of {event.session!r} position {event.position}: no live row with that node"
+            )
+        row_id, _, message, content, tool_text = found
+        indexed = row_id <= self.indexed_upto
+        if indexed:
+            self.db.execute(
+                "INSERT INTO messages_fts (messages_fts, rowid, content, tool_text) VALUES ('delete', ?, ?, ?)",
+                (row_id, content, tool_text),
+            )
+        derived = derive(from_json(message), event.override)
+        self.db.execute(UPDATE_DERIVED, (*derived, row_id))
+        if indexed:
+            self.db.execute(
+                "INSERT INTO messages_fts (rowid, content, tool_text) VALUES (?, ?, ?)",
+                (row_id, derived[DERIVED.index("content")], derived[DERIVED.index("tool_text")]),
+            )
+
+    # -- helpers ---------------------------------------------------------------
+
+    def _session(self, sid: str, record: Record) -> list[Any]:
+        session = self.sessions.get(sid)
+        if session is None:
+            found = self.db.execute(
+                f"SELECT {', '.join(SESSION_COLUMNS)} FROM sessions WHERE id = ?", (sid,)
+            ).fetchone()
+            if found is not None:
+                session = list(found)
+            else:
+                # The first event of a session opens it; be lenient if it is anything else.
+                session = [sid, None, None, record.seq, record.time_ns, None, None, None, 0, None, record.seq]
+                session += [None, None, None, "{}", "{}", 0, 0, 0, 0, 0, 0, 0, 0.0]
+            self.sessions[sid] = session
+        return session
+
+    def _node_at(self, sid: str, position: int) -> bytes | None:
+        found = self.db.execute(
+            "SELECT node FROM messages WHERE session_id = ? AND position = ? AND tombstone_seq IS NULL",
+            (sid, position),
+        ).fetchone()
+        return None if found is None else found[0]
+
+    def _stored_message(self, seq: int, body_seq: int, body_idx: int) -> dict[str, Any]:
+        found = self.db.execute(
+            "SELECT message FROM messages WHERE seq = ? AND idx = ?", (body_seq, body_idx)
+        ).fetchone()
+        if found is None:
+            raise ProjectionCorruptError(f"event {seq}: carried body ({body_seq}, {body_idx}) is not in the projection")
+        message: dict[str, Any] = from_json(found[0])
+        return message
+
+    def _write_rows(self) -> None:
+        if self.rows:
+            self.db.executemany(INSERT_ROW, self.rows)
+            self.rows.clear()
+
+
+def index_pending(db: sqlite3.Connection, indexed_upto: int) -> int:
+    """Add the live rows above ``indexed_upto`` to the search index; return the new mark.
+
+    Runs inside the caller's transaction, which also records the returned mark.
+    """
+    top = db.execute("SELECT max(id) FROM messages").fetchone()[0] or 0
+    if top > indexed_upto:
+        db.execute(INDEX_PENDING, (indexed_upto,))
+    return max(top, indexed_upto)

@@ -1,0 +1,32 @@
+"""The exceptions of the projections, children of :class:`eventlog.errors.EventLogError`."""
+
+from __future__ import annotations
+
+from eventlog.errors import EventLogError
+
+
+class ProjectionError(EventLogError):
+    """Root of the errors raised by a projection (``sqlite3.Error`` is translated to it)."""
+
+
+class LogMismatchError(ProjectionError):
+    """The projection was built from another log (a different log id).
+
+    Open a fresh database file for this log, or call ``rebuild(log)`` to replace
+    the projection with one of this log on purpose.
+    """
+
+
+class SchemaVersionError(ProjectionError):
+    """The database was written by a newer version of the projection than this one."""
+
+
+class ProjectionCorruptError(ProjectionError):
+    """The projection's tables disagree with the events being applied.
+
+    The log is the source of truth: ``rebuild(log)`` re-projects it from scratch.
+    """
+
+
+class InvalidQueryError(ProjectionError, ValueError):
+    """A full-text query is not valid FTS5 syntax."""

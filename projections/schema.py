@@ -1,0 +1,182 @@
+"""The SQLite schema of the transcript projection, its version and its migrations.
+
+The schema version lives in ``PRAGMA user_version``.  Opening a database runs the
+migrations from its version up to :data:`VERSION` in one transaction.  A
+migration is either SQL that transforms the tables in place, or :data:`REPROJECT`:
+drop everything and create the new schema with an empty checkpoint, so that the
+next ``catch_up`` re-projects the whole log.  The projection is derived data, so
+re-projecting is always a correct migration; SQL is only a faster one.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+from typing import Final
+
+from .errors import SchemaVersionError
+
+VERSION: Final = 1
+
+REPROJECT: Final = "reproject"
+"""A migration that rebuilds the schema and resets the checkpoint to re-project the log."""
+
+MIGRATIONS: dict[int, str] = {}
+"""Target version -> SQL script or :data:`REPROJECT`, to go from ``version - 1`` to ``version``.
+
+Version 1 is created from :data:`SCHEMA` directly.
+"""
+
+SCHEMA: Final = """
+CREATE TABLE checkpoint (
+    id            INTEGER PRIMARY KEY CHECK (id = 1),
+    log_id        TEXT,                       -- hex id of the projected log (NULL until first catch-up)
+    last_seq      INTEGER NOT NULL DEFAULT 0, -- last event applied, in the same transaction as its rows
+    indexed_upto  INTEGER NOT NULL DEFAULT 0  -- messages.id up to which the search index is current
+);
+INSERT INTO checkpoint (id) VALUES (1);
+
+CREATE TABLE sessions (
+    id                 TEXT PRIMARY KEY,
+    parent_id          TEXT,              -- the session this one was forked from
+    fork_position      INTEGER,           -- how many of the parent's messages it shares
+    created_seq        INTEGER NOT NULL,
+    created_ns         INTEGER NOT NULL,  -- event time (log clock), nanoseconds since the epoch
+    closed_seq         INTEGER,
+    closed_ns          INTEGER,
+    close_reason       TEXT,
+    message_count      INTEGER NOT NULL DEFAULT 0,  -- live messages
+    head_node          BLOB,              -- node digest of the last live message
+    last_seq           INTEGER NOT NULL,  -- last event of this session
+    title              TEXT,
+    model              TEXT,
+    source             TEXT,              -- where the session runs (cli, a chat platform, ...)
+    metadata           TEXT NOT NULL DEFAULT '{}',  -- every metadata field, merged (JSON object)
+    counters           TEXT NOT NULL DEFAULT '{}',  -- every counter, summed (JSON object)
+    input_tokens       INTEGER NOT NULL DEFAULT 0,
+    output_tokens      INTEGER NOT NULL DEFAULT 0,
+    cache_read_tokens  INTEGER NOT NULL DEFAULT 0,
+    cache_write_tokens INTEGER NOT NULL DEFAULT 0,
+    reasoning_tokens   INTEGER NOT NULL DEFAULT 0,
+    api_calls          INTEGER NOT NULL DEFAULT 0,
+    tool_calls         INTEGER NOT NULL DEFAULT 0,
+    cost_usd           REAL NOT NULL DEFAULT 0
+) WITHOUT ROWID;
+
+CREATE TABLE messages (
+    id                  INTEGER PRIMARY KEY,  -- insertion order: (seq, idx) order
+    session_id          TEXT NOT NULL,
+    position            INTEGER NOT NULL,     -- 0-based place in the session's transcript
+    seq                 INTEGER NOT NULL,     -- event that made this row live
+    idx                 INTEGER NOT NULL,     -- index in that event's batch (position for fork rows)
+    node                BLOB NOT NULL,        -- node digest: the message and its whole prefix
+    digest              BLOB NOT NULL,        -- content digest: SHA-256 of the canonical bytes
+    body_seq            INTEGER NOT NULL,     -- event and index that hold the stored body
+    body_idx            INTEGER NOT NULL,
+    summary             INTEGER NOT NULL DEFAULT 0,  -- 1 for a compaction summary
+    created_ns          INTEGER NOT NULL,     -- event time (log clock)
+    role                TEXT,
+    content             TEXT,                 -- text projection (display override applied)
+    api_content         TEXT,                 -- wire content when an override replaced it
+    tool_calls          TEXT,                 -- JSON
+    tool_call_id        TEXT,
+    tool_name           TEXT,
+    name                TEXT,
+    finish_reason       TEXT,
+    reasoning           TEXT,                 -- assistant rows only
+    reasoning_content   TEXT,                 -- assistant rows only
+    reasoning_details   TEXT,                 -- assistant rows only (JSON unless a string)
+    timestamp,                                -- as the message gives it (number or text)
+    display_kind        TEXT,
+    display_metadata    TEXT,
+    display_override    TEXT,                 -- the display override recorded in the log (JSON)
+    platform_message_id,
+    tool_text           TEXT,                 -- tool names and arguments (searchable)
+    message             TEXT NOT NULL,        -- the full wire message (JSON)
+    tombstone_seq       INTEGER,              -- NULL while live
+    tombstone_reason    TEXT,                 -- rewind, compaction, edit, clear
+    tombstoned_ns       INTEGER,
+    UNIQUE (seq, idx)
+);
+-- One live row per position; "the live transcript of a session in order".
+CREATE UNIQUE INDEX messages_live ON messages (session_id, position) WHERE tombstone_seq IS NULL;
+CREATE INDEX messages_session ON messages (session_id, id);
+CREATE INDEX messages_platform ON messages (platform_message_id) WHERE platform_message_id IS NOT NULL;
+
+CREATE VIEW live_messages AS SELECT * FROM messages WHERE tombstone_seq IS NULL;
+
+-- External-content index over the live rows: the text lives once, in messages.
+CREATE VIRTUAL TABLE messages_fts USING fts5 (
+    content, tool_text,
+    content = 'live_messages', content_rowid = 'id',
+    tokenize = 'porter unicode61 remove_diacritics 2'
+);
+"""
+
+OBJECTS: Final = ("messages_fts", "live_messages", "messages", "sessions", "checkpoint")
+
+
+def version(db: sqlite3.Connection) -> int:
+    return int(db.execute("PRAGMA user_version").fetchone()[0])
+
+
+def create(db: sqlite3.Connection) -> None:
+    """Create the current schema (inside the caller's transaction)."""
+    for statement in _statements(SCHEMA):
+        db.execute(statement)
+    db.execute(f"PRAGMA user_version = {VERSION}")
+
+
+def drop(db: sqlite3.Connection) -> None:
+    """Drop every object of the projection (inside the caller's transaction)."""
+    for name in OBJECTS:
+        kind = db.execute("SELECT type FROM sqlite_master WHERE name = ?", (name,)).fetchone()
+        if kind is not None:
+            db.execute(f"DROP {kind[0].upper()} {name}")
+
+
+def migrate(db: sqlite3.Connection, path: str) -> None:
+    """Bring the schema to :data:`VERSION` in one ``BEGIN IMMEDIATE`` transaction.
+
+    Raises :class:`SchemaVersionError` when the file was written by a newer version.
+    """
+    if version(db) == VERSION:
+        return
+    db.execute("BEGIN IMMEDIATE")
+    try:
+        current = version(db)  # another process may have migrated meanwhile
+        if current > VERSION:
+            raise SchemaVersionError(
+                f"{path}: projection schema version {current} is newer than this code's {VERSION}"
+            )
+        if current == 0:
+            drop(db)
+            create(db)
+            current = VERSION
+        while current < VERSION:
+            current += 1
+            step = MIGRATIONS.get(current, REPROJECT)
+            if step == REPROJECT:
+                drop(db)
+                create(db)
+                break  # create() wrote the latest schema and version
+            for statement in _statements(step):
+                db.execute(statement)
+            db.execute(f"PRAGMA user_version = {current}")
+        db.execute("COMMIT")
+    except BaseException:
+        db.execute("ROLLBACK")
+        raise
+
+
+def _statements(script: str) -> list[str]:
+    """Split a script into statements (``sqlite3.complete_statement`` knows about quotes and triggers)."""
+    out: list[str] = []
+    pending = ""
+    for line in script.splitlines(keepends=True):
+        pending += line
+        if sqlite3.complete_statement(pending):
+            out.append(pending.strip())
+            pending = ""
+    if pending.strip():
+        out.append(pending.strip())
+    return out

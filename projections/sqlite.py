@@ -1,0 +1,314 @@
+"""The SQLite transcript projection: :class:`SQLiteProjection`.
+
+The projection reads the log's events in ``seq`` order and writes them into plain
+SQLite tables (see :mod:`projections.schema`) that agent UIs, dashboards and
+``sqlite3`` users read directly.  Each batch of events and the checkpoint (the last
+applied ``seq`` and the log's id) commit in one transaction, so an event is applied
+exactly once whatever crashes or concurrent catch-ups happen.
+
+The log is the source of truth: the database runs in WAL mode with
+``synchronous=NORMAL`` and never needs an fsync of its own.  A commit lost in a
+crash only moves the checkpoint back, and the next catch-up replays those events.
+"""
+
+from __future__ import annotations
+
+import os
+import sqlite3
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import TYPE_CHECKING, Any
+
+from eventlog.events import MessagesAppended
+
+from . import schema
+from .apply import Applier, index_pending
+from .errors import InvalidQueryError, LogMismatchError, ProjectionCorruptError, ProjectionError
+
+if TYPE_CHECKING:
+    from eventlog import EventLog
+    from eventlog.store import Record
+
+SNIPPET_MARKS = ("**", "**")
+"""What :meth:`SQLiteProjection.search` puts around matched words in snippets."""
+
+
+class SQLiteProjection:
+    """A SQLite transcript of an event log: sessions, message rows, full-text search.
+
+    ``SQLiteProjection(path)`` opens or creates the database and brings its schema
+    to the current version.  Attach it to a log with
+    ``EventLog.open(..., projections=[proj])`` to have it caught up after every
+    write, or call :meth:`catch_up` yourself.
+
+    ``search_lag``: the search index is fed in bulk, when at least this many rows
+    are waiting (0: in every catch-up).  Rows and sessions are always current after
+    :meth:`catch_up`; :meth:`search` first indexes whatever is waiting, so only
+    readers that query ``messages_fts`` directly may see up to ``search_lag`` of
+    the newest rows missing.  :meth:`sync_search` waits for the index.
+
+    ``batch``: roughly how many messages each catch-up transaction applies.
+
+    Raises :class:`~projections.errors.SchemaVersionError` when the file was
+    written by a newer version, :class:`~projections.errors.ProjectionError` for
+    other SQLite failures.
+    """
+
+    def __init__(self, path: str | os.PathLike[str], *, search_lag: int = 1000, batch: int = 20_000) -> None:
+        if search_lag < 0 or batch < 1:
+            raise ValueError("search_lag must be >= 0 and batch >= 1")
+        self.path = os.fspath(path)
+        self.search_lag = search_lag
+        self.batch = batch
+        self._lock = threading.RLock()
+        try:
+            self._db = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False, timeout=60)
+        except sqlite3.Error as e:
+            raise ProjectionError(f"{self.path}: cannot open the projection ({e})") from e
+        with self._translate():
+            self._db.execute("PRAGMA journal_mode = WAL")
+            # The log is the source of truth: losing the last commits in a power cut only
+            # moves the checkpoint back, and catch-up replays them.
+            self._db.execute("PRAGMA synchronous = NORMAL")
+            self._db.execute("PRAGMA cache_size = -65536")
+            self._db.execute("PRAGMA temp_store = MEMORY")
+            schema.migrate(self._db, self.path)
+
+    # -- lifecycle -------------------------------------------------------------
+
+    def close(self) -> None:
+        """Index what the search index still lacks, then close the database."""
+        with self._lock:
+            if self._db is None:
+                return
+            try:
+                self.sync_search()
+            finally:
+                self._db.close()
+                self._db = None  # type: ignore[assignment]
+
+    def __enter__(self) -> SQLiteProjection:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        return f"SQLiteProjection({self.path!r})"
+
+    # -- writing ---------------------------------------------------------------
+
+    def catch_up(self, log: EventLog) -> int:
+        """Apply the log's events after the checkpoint; return how many were applied.
+
+        Uses only ``log.id`` and ``log.events(after=...)``.  Events are applied in
+        transactions of about ``batch`` messages, each recording the checkpoint with
+        the rows, under ``BEGIN IMMEDIATE``; the checkpoint is read again inside the
+        transaction, so processes catching up the same file never apply an event
+        twice.  Returns 0 when the projection is already current.
+
+        Raises :class:`~projections.errors.LogMismatchError` when the database
+        projects another log, :class:`~projections.errors.ProjectionCorruptError`
+        when the tables disagree with the events (``rebuild`` repairs that).
+        """
+        with self._lock, self._translate():
+            log_id = log.id
+            owner, after, _ = self._checkpoint()
+            if owner is not None and owner != log_id:
+                raise self._mismatch(owner, log_id)
+            applied = 0
+            records = iter(log.events(after=after))
+            while chunk := self._chunk(records):
+                with self._write():
+                    done = self._apply_chunk(log_id, chunk)
+                applied += done
+            return applied
+
+    def rebuild(self, log: EventLog) -> int:
+        """Drop every table and project ``log`` from its first event; return the events applied.
+
+        All of it is one transaction: readers see the old projection until the new one
+        is complete.  The database adopts ``log``'s id, whichever log it projected before.
+        """
+        with self._lock, self._translate(), self._write():
+            schema.drop(self._db)
+            schema.create(self._db)
+            self._db.execute("UPDATE checkpoint SET log_id = ?", (log.id,))
+            applied = 0
+            records = iter(log.events(after=0))
+            while chunk := self._chunk(records):
+                applied += self._apply_chunk(log.id, chunk, index=False)
+            self._index(force=True)
+            return applied
+
+    def sync_search(self) -> int:
+        """Bring the search index up to date with the rows; return how many rows it was behind."""
+        with self._lock, self._translate():
+            if self._pending() == 0:
+                return 0
+            with self._write():
+                return self._index(force=True)
+
+    # -- reading ---------------------------------------------------------------
+
+    def messages(self, session_id: str) -> list[dict[str, Any]]:
+        """The live rows of the session in transcript order, as dicts keyed by column name.
+
+        ``message`` holds the wire message as JSON; ``content`` its text projection
+        with the display override applied.  Empty for an unknown session.
+        """
+        return self._rows(
+            "SELECT * FROM messages WHERE session_id = ? AND tombstone_seq IS NULL ORDER BY position",
+            (session_id,),
+        )
+
+    def history(self, session_id: str) -> list[dict[str, Any]]:
+        """Every row the session ever had, tombstoned ones included, in the order they were appended.
+
+        ``seq`` is the event that made a row live; ``tombstone_seq`` and
+        ``tombstone_reason`` (``rewind``, ``compaction``, ``edit``, ``clear``) are
+        ``None`` while it is live.
+        """
+        return self._rows("SELECT * FROM messages WHERE session_id = ? ORDER BY id", (session_id,))
+
+    def search(self, query: str, *, session_id: str | None = None, limit: int = 50) -> list[dict[str, Any]]:
+        """Live rows matching an FTS5 ``query``, best first, with a highlighted ``snippet``.
+
+        Searches the text content and the tool names and arguments.  The search index
+        is brought up to date first.  Each result has the row's ``id``,
+        ``session_id``, ``position``, ``seq``, ``role``, ``content``, ``snippet`` and
+        ``rank`` (BM25, lower is better).
+
+        Raises :class:`~projections.errors.InvalidQueryError` (a ``ValueError``) for
+        a query that is not FTS5 syntax.
+        """
+        self.sync_search()
+        sql = (
+            "SELECT m.id, m.session_id, m.position, m.seq, m.role, m.content, "
+            "snippet(messages_fts, -1, ?, ?, '…', 16) AS snippet, bm25(messages_fts) AS rank "
+            "FROM messages_fts JOIN messages AS m ON m.id = messages_fts.rowid "
+            "WHERE messages_fts MATCH ? AND m.tombstone_seq IS NULL"
+        )
+        params: list[Any] = [*SNIPPET_MARKS, query]
+        if session_id is not None:
+            sql += " AND m.session_id = ?"
+            params.append(session_id)
+        sql += " ORDER BY rank, m.id LIMIT ?"
+        params.append(limit)
+        try:
+            return self._rows(sql, params)
+        except ProjectionError as e:
+            if isinstance(e.__cause__, sqlite3.OperationalError) and "fts5" in str(e.__cause__):
+                raise InvalidQueryError(f"search query {query!r}: {e.__cause__}") from e.__cause__
+            raise
+
+    def sessions(self) -> list[dict[str, Any]]:
+        """Every session in creation order, as dicts keyed by column name.
+
+        ``metadata`` and ``counters`` are JSON objects: the merged metadata fields
+        and the summed usage counters (the common counters also have columns).
+        """
+        return self._rows("SELECT * FROM sessions ORDER BY created_seq, id", ())
+
+    @property
+    def last_seq(self) -> int:
+        """The seq of the last event applied (0 for an empty projection)."""
+        with self._lock, self._translate():
+            return self._checkpoint()[1]
+
+    # -- internals -------------------------------------------------------------
+
+    def _apply_chunk(self, log_id: str, chunk: list[Record], *, index: bool = True) -> int:
+        """Apply ``chunk`` inside the open transaction; return how many events were new."""
+        owner, last, indexed = self._checkpoint()
+        if owner is None:
+            self._db.execute("UPDATE checkpoint SET log_id = ?", (log_id,))
+        elif owner != log_id:
+            raise self._mismatch(owner, log_id)
+        fresh = [record for record in chunk if record.seq > last]  # others may have applied some
+        if not fresh:
+            return 0
+        applier = Applier(self._db, indexed)
+        expected = last + 1
+        for record in fresh:
+            if record.seq != expected:
+                raise ProjectionCorruptError(
+                    f"{self.path}: expected event {expected} after the checkpoint, got {record.seq}"
+                )
+            applier.apply(record)
+            expected += 1
+        applier.finish()
+        self._db.execute("UPDATE checkpoint SET last_seq = ?", (fresh[-1].seq,))
+        if index:
+            self._index(force=False)
+        return len(fresh)
+
+    def _index(self, *, force: bool) -> int:
+        """Feed the search index (inside the open transaction) when enough rows wait."""
+        behind = self._pending()
+        if behind == 0 or (not force and behind < self.search_lag):
+            return 0
+        _, _, indexed = self._checkpoint()
+        self._db.execute("UPDATE checkpoint SET indexed_upto = ?", (index_pending(self._db, indexed),))
+        return behind
+
+    def _pending(self) -> int:
+        top, indexed = self._db.execute(
+            "SELECT (SELECT coalesce(max(id), 0) FROM messages), indexed_upto FROM checkpoint"
+        ).fetchone()
+        return max(0, top - indexed)
+
+    def _chunk(self, records: Iterator[Record]) -> list[Record]:
+        """The next events, up to about ``batch`` messages (an event counts at least one)."""
+        chunk: list[Record] = []
+        size = 0
+        for record in records:
+            chunk.append(record)
+            event = record.event
+            size += max(1, len(event.bodies)) if type(event) is MessagesAppended else 1
+            if size >= self.batch:
+                break
+        return chunk
+
+    def _checkpoint(self) -> tuple[str | None, int, int]:
+        owner, last, indexed = self._db.execute(
+            "SELECT log_id, last_seq, indexed_upto FROM checkpoint"
+        ).fetchone()
+        return owner, last, indexed
+
+    def _mismatch(self, owner: str, log_id: str) -> LogMismatchError:
+        return LogMismatchError(
+            f"{self.path}: this projection belongs to log {owner}, not {log_id}; "
+            "use another file or rebuild(log) to replace it"
+        )
+
+    def _rows(self, sql: str, params: Any) -> list[dict[str, Any]]:
+        with self._lock, self._translate():
+            cursor = self._db.execute(sql, params)
+            names = [d[0] for d in cursor.description]
+            return [dict(zip(names, row)) for row in cursor.fetchall()]
+
+    @contextmanager
+    def _write(self) -> Iterator[None]:
+        """A ``BEGIN IMMEDIATE`` transaction: commits on success, rolls back on any error."""
+        self._db.execute("BEGIN IMMEDIATE")
+        try:
+            yield
+        except BaseException:
+            if self._db.in_transaction:
+                self._db.execute("ROLLBACK")
+            raise
+        self._db.execute("COMMIT")
+
+    @contextmanager
+    def _translate(self) -> Iterator[None]:
+        if self._db is None:
+            raise ProjectionError(f"{self.path}: the projection is closed")
+        try:
+            yield
+        except sqlite3.Error as e:
+            raise ProjectionError(f"{self.path}: {type(e).__name__}: {e}") from e
+
+
+__all__ = ["SNIPPET_MARKS", "SQLiteProjection"]
