@@ -1,0 +1,88 @@
+"""Several threads and processes flushing the same session write each message once."""
+
+from __future__ import annotations
+
+import multiprocessing
+import threading
+from pathlib import Path
+
+from eventlog import EventLog, events
+
+
+def conversation(n: int) -> list[dict]:
+    return [{"role": "user" if i % 2 == 0 else "assistant", "content": f"turn {i}"} for i in range(n)]
+
+
+def stored_bodies(log: EventLog) -> int:
+    return sum(len(r.event) - len(r.event.carried) for r in log.events() if isinstance(r.event, events.MessagesAppended))
+
+
+def test_threads_flushing_one_session(tmp_path):
+    messages = conversation(60)
+    with EventLog.open(tmp_path / "l") as log:
+        barrier = threading.Barrier(6)
+        errors: list[BaseException] = []
+
+        def exit_path(k: int) -> None:
+            try:
+                barrier.wait()
+                for n in range(k, len(messages) + 1, 7):
+                    log.flush("s", messages[:n] if n else messages[:1])
+                log.flush("s", messages)
+            except BaseException as e:  # pragma: no cover - reported below
+                errors.append(e)
+
+        threads = [threading.Thread(target=exit_path, args=(k,)) for k in range(6)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        assert not errors
+        assert log.messages("s") == messages
+        assert log.verify().ok
+
+
+def _flush_from_process(path: str, rounds: int, barrier) -> None:  # noqa: ANN001
+    messages = conversation(40)
+    with EventLog.open(path) as log:
+        barrier.wait()
+        for _ in range(rounds):
+            log.flush("shared", messages)
+
+
+def test_processes_flushing_one_session_write_each_message_once(tmp_path: Path):
+    path = str(tmp_path / "l")
+    EventLog.open(path).close()
+    ctx = multiprocessing.get_context("spawn")
+    barrier = ctx.Barrier(4)
+    procs = [ctx.Process(target=_flush_from_process, args=(path, 5, barrier)) for _ in range(4)]
+    for p in procs:
+        p.start()
+    for p in procs:
+        p.join(60)
+        assert p.exitcode == 0
+    with EventLog.open(path) as log:
+        assert log.messages("shared") == conversation(40)
+        assert stored_bodies(log) == 40
+        assert log.verify().ok
+
+
+def _grow_map(path: str, n: int) -> None:
+    with EventLog.open(path, map_size=1 << 20) as log:
+        for i in range(n):
+            log.flush(f"p{i % 3}", [{"role": "user", "content": "x" * 4000, "i": j} for j in range(i % 20 + 1)])
+
+
+def test_map_grows_in_one_process_while_another_writes(tmp_path: Path):
+    path = str(tmp_path / "l")
+    EventLog.open(path, map_size=1 << 20).close()
+    ctx = multiprocessing.get_context("spawn")
+    procs = [ctx.Process(target=_grow_map, args=(path, 120)) for _ in range(2)]
+    for p in procs:
+        p.start()
+    for p in procs:
+        p.join(120)
+        assert p.exitcode == 0
+    with EventLog.open(path) as log:
+        assert log.verify().ok
+        assert log.info()["map_size"] > 1 << 20

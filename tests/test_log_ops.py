@@ -1,0 +1,169 @@
+"""append, rewind, compact, fork, session metadata, replay and history."""
+
+from __future__ import annotations
+
+import pytest
+
+from eventlog import EMPTY_HEAD, ConflictError, UnknownSessionError, events
+from factories import assistant, tool, user
+
+
+def test_append_recognises_a_retry(log):
+    first = log.append("s", [user("q1")], expected_head=EMPTY_HEAD)
+    batch = [assistant("a1"), user("q2")]
+    second = log.append("s", batch, expected_head=first.head)
+    seq = log.last_seq
+    retry = log.append("s", batch, expected_head=first.head)  # the ack was lost; the caller retries
+    assert retry.appended == 0 and retry.head == second.head
+    assert log.last_seq == seq
+    with pytest.raises(ConflictError):
+        log.append("s", [user("other")], expected_head=first.head)
+    with pytest.raises(ConflictError):
+        log.append("s", batch[:1], expected_head=EMPTY_HEAD)
+
+
+def test_append_without_expected_head_always_appends(log):
+    log.append("s", [user("x")])
+    log.append("s", [user("x")])
+    assert len(log.messages("s")) == 2
+
+
+def test_rewind(log):
+    log.flush("s", [user("q1"), assistant("a1"), user("q2")])
+    result = log.rewind("s", to=1)
+    assert (result.tombstoned, result.unchanged) == (2, 1)
+    assert log.messages("s") == [user("q1")]
+    assert log.rewind("s", to=1).tombstoned == 0
+    with pytest.raises(ValueError, match="has 1 messages"):
+        log.rewind("s", to=5)
+    with pytest.raises(UnknownSessionError):
+        log.rewind("nope", to=0)
+
+
+def test_compact_carries_tail_and_late_messages(log):
+    messages = [user(f"m{i}") for i in range(6)]
+    log.flush("s", messages)
+    seen = log.head("s")
+    # While the caller summarises m1..m3, another exit path appends two messages.
+    log.flush("s", messages + [assistant("late 1"), assistant("late 2")])
+    result = log.compact("s", start=1, end=4, summary=[user("summary of m1-m3")], expected_head=seen)
+    assert result.tombstoned == 7 and result.unchanged == 1
+    contents = [m["content"] for m in log.messages("s")]
+    assert contents == ["m0", "summary of m1-m3", "m4", "m5", "late 1", "late 2"]
+    last = [r.event for r in log.events() if isinstance(r.event, events.MessagesAppended)][-1]
+    assert sorted(last.carried) == [1, 2, 3, 4] and last.summaries == 1
+    hist = log.history("s")
+    carried = [o for o in hist if o.origin == "carry"]
+    originals = {o.digest for o in hist if o.origin == "append" and o.tombstone and o.tombstone.reason == "compaction"}
+    assert {o.digest for o in carried} <= originals  # linked to the originals by content digest
+    assert log.verify().ok
+
+
+def test_compact_conflicts_when_seen_head_is_gone(log):
+    log.flush("s", [user("a"), user("b"), user("c")])
+    seen = log.head("s")
+    log.rewind("s", to=1)
+    with pytest.raises(ConflictError, match="not in the live transcript"):
+        log.compact("s", start=0, end=2, summary=[user("sum")], expected_head=seen)
+    with pytest.raises(ValueError, match="start <= end"):
+        log.compact("s", start=0, end=3, summary=[user("sum")])
+
+
+def test_fork_shares_prefix_then_diverges(log):
+    log.flush("main", [user("q1"), assistant("a1"), user("q2"), assistant("a2")])
+    result = log.fork("main", "branch", at=2)
+    main_hist = log.history("main")
+    assert result.head == main_hist[1].node
+    log.flush("branch", log.messages("branch") + [user("q2 on branch")])
+    log.flush("main", log.messages("main") + [user("q3")])
+    assert [m["content"] for m in log.messages("branch")] == ["q1", "a1", "q2 on branch"]
+    assert [m["content"] for m in log.messages("main")] == ["q1", "a1", "q2", "a2", "q3"]
+    branch_hist = log.history("branch")
+    assert [o.origin for o in branch_hist] == ["fork", "fork", "append"]
+    assert branch_hist[0].node == main_hist[0].node
+    with pytest.raises(ConflictError, match="already exists"):
+        log.fork("main", "branch")
+    with pytest.raises(ValueError):
+        log.fork("main", "b2", at=99)
+    assert log.verify().ok
+
+
+def test_fork_default_is_whole_transcript(log):
+    log.flush("a", [user("x"), user("y")])
+    log.fork("a", "b")
+    assert log.messages("b") == log.messages("a")
+    assert log.head("b") == log.head("a")
+
+
+def test_history_has_every_occurrence_with_tombstones(log):
+    messages = [user("q1"), assistant("a1"), user("q2")]
+    log.flush("s", messages)
+    messages[1] = assistant("a1 v2")
+    log.flush("s", messages)
+    log.rewind("s", to=2)
+    hist = log.history("s")
+    summary = [(o.position, o.message["content"], o.origin, o.tombstone and o.tombstone.reason) for o in hist]
+    assert summary == [
+        (0, "q1", "append", None),
+        (1, "a1", "append", "edit"),
+        (2, "q2", "append", "edit"),
+        (1, "a1 v2", "append", None),
+        (2, "q2", "carry", "rewind"),
+    ]
+    assert [o.seq for o in hist] == sorted(o.seq for o in hist)
+
+
+def test_messages_as_of(log):
+    log.flush("s", [user("q1")])
+    seq1 = log.last_seq
+    log.flush("s", [user("q1"), assistant("a1")])
+    log.rewind("s", to=0)
+    assert log.messages("s") == []
+    assert log.messages("s", as_of=seq1) == [user("q1")]
+    assert log.messages("s", as_of=log.last_seq - 1) == [user("q1"), assistant("a1")]
+
+
+def test_repair_on_resume_does_not_change_the_log(log):
+    messages = [
+        user("run it"),
+        assistant("", tool_calls=[{"id": "c1", "type": "function", "function": {"name": "ls", "arguments": "{}"}}]),
+        tool("zz", "orphan result"),
+        user("are you there?"),
+    ]
+    log.flush("s", messages)
+    repaired = log.messages("s", repair_tool_calls=True)
+    assert [m["role"] for m in repaired] == ["user", "assistant", "tool", "user"]
+    assert repaired[2]["tool_call_id"] == "c1"
+    assert log.messages("s") == messages
+
+
+def test_update_and_close_session_are_events(log):
+    log.flush("s", [user("q")])
+    log.update_session("s", title="Greeting", input_tokens=10, cost_usd=0.5)
+    log.update_session("s", input_tokens=5)
+    log.close_session("s", reason="user_exit")
+    kinds = [type(r.event).__name__ for r in log.events()]
+    assert kinds[-3:] == ["SessionUpdated", "SessionUpdated", "SessionClosed"]
+    updated = [r.event for r in log.events() if isinstance(r.event, events.SessionUpdated)]
+    assert updated[0].fields == {"title": "Greeting"} and updated[0].counters == {"input_tokens": 10, "cost_usd": 0.5}
+    with pytest.raises(TypeError, match="counter must be a number"):
+        log.update_session("s", input_tokens="many")
+    with pytest.raises(UnknownSessionError):
+        log.close_session("nope")
+
+
+def test_events_are_gapless_and_chained(log):
+    for i in range(5):
+        log.flush(f"s{i % 2}", [user(f"m{j}") for j in range(i + 1)])
+    records = list(log.events())
+    assert [r.seq for r in records] == list(range(1, len(records) + 1))
+    for prev, cur in zip(records, records[1:]):
+        assert cur.prev_hash == prev.hash
+    assert [r.seq for r in log.events(after=3)] == list(range(4, len(records) + 1))
+
+
+def test_unknown_session_reads(log):
+    with pytest.raises(UnknownSessionError, match="no session 'x'"):
+        log.messages("x")
+    assert log.head("x") is None
+    assert "x" not in log

@@ -1,0 +1,105 @@
+"""verify() recomputes digests, the hash chain and the derived indexes."""
+
+from __future__ import annotations
+
+import lmdb
+import pytest
+
+from eventlog import EventLog
+from factories import assistant, user
+
+
+def build(path):
+    with EventLog.open(path) as log:
+        messages = [user("q1"), assistant("a1"), user("q2")]
+        log.flush("s", messages)
+        messages[1] = assistant("a1 edited")
+        log.flush("s", messages)
+        log.fork("s", "b", at=2)
+        log.compact("s", start=0, end=1, summary=[user("summary")])
+        log.update_session("s", title="t")
+        assert log.verify().ok
+
+
+def tamper(path, db: bytes, key: bytes, mutate):
+    env = lmdb.open(str(path), max_dbs=8)
+    try:
+        with env.begin(write=True) as txn:
+            handle = env.open_db(db, txn=txn)
+            value = txn.get(key, db=handle)
+            txn.put(key, mutate(value), db=handle)
+    finally:
+        env.close()
+
+
+def seq_key(seq: int) -> bytes:
+    return seq.to_bytes(8, "big")
+
+
+def test_intact_log_verifies(tmp_path):
+    build(tmp_path / "l")
+    with EventLog.open(tmp_path / "l") as log:
+        report = log.verify()
+        assert report.ok and report.events == log.last_seq and report.sessions == 2
+        assert str(report).startswith("ok:")
+
+
+def test_every_changed_byte_of_an_event_is_found(tmp_path):
+    path = tmp_path / "l"
+    build(path)
+    env = lmdb.open(str(path), max_dbs=8)
+    with env.begin() as txn:
+        original = txn.get(seq_key(2), db=env.open_db(b"events", txn=txn))
+    env.close()
+    with EventLog.open(path) as log:
+        log.close()
+    for offset in range(len(original)):
+        tamper(path, b"events", seq_key(2), lambda v, o=offset: v[:o] + bytes([v[o] ^ 0x01]) + v[o + 1 :])
+        with EventLog.open(path) as log:
+            report = log.verify()
+        assert not report.ok, f"flipping byte {offset} of event 2 went unnoticed"
+        tamper(path, b"events", seq_key(2), lambda v: original)
+    with EventLog.open(path) as log:
+        assert log.verify().ok
+
+
+def test_changed_body_names_the_event(tmp_path):
+    path = tmp_path / "l"
+    build(path)
+    tamper(path, b"events", seq_key(2), lambda v: v.replace(b"q1", b"Q1"))
+    with EventLog.open(path) as log:
+        report = log.verify()
+    assert not report.ok
+    assert report.first.seq == 2 and "content digest" in report.first.what
+
+
+def test_damaged_index_is_found(tmp_path):
+    path = tmp_path / "l"
+    build(path)
+    key = (1).to_bytes(8, "big") + (0).to_bytes(8, "big")
+    tamper(path, b"chain", key, lambda v: bytes(32) + v[32:])
+    with EventLog.open(path) as log:
+        report = log.verify()
+    assert not report.ok and "live chain" in str(report)
+
+
+def test_deleted_last_event_is_found(tmp_path):
+    path = tmp_path / "l"
+    build(path)
+    env = lmdb.open(str(path), max_dbs=8)
+    with env.begin(write=True) as txn:
+        events = env.open_db(b"events", txn=txn)
+        last = txn.cursor(db=events)
+        assert last.last()
+        txn.delete(last.key(), db=events)
+    env.close()
+    with EventLog.open(path) as log:
+        report = log.verify()
+    assert not report.ok and "tail" in str(report)
+
+
+@pytest.mark.parametrize("mode", ["full", "process", "none"])
+def test_durability_modes_open_and_verify(tmp_path, mode):
+    with EventLog.open(tmp_path / mode, durability=mode) as log:
+        log.flush("s", [user("x")])
+        assert log.durability == mode and log.verify().ok
