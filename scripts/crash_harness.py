@@ -1,0 +1,515 @@
+"""Kill -9 fault injection: writers are SIGKILLed at random moments and nothing is lost.
+
+What it does
+------------
+Writer processes flush and append into their own sessions of one log (several
+writers share the log; each session has one writer at a time, like one agent per
+conversation).  After every call that returned, a writer reports an
+*acknowledgement* to this parent through a pipe: the session, the position where
+the written messages start, their ids, the resulting head and length.  Before an
+``append`` with ``expected_head`` it also reports its *intent*, so that a writer
+killed mid-append is restarted with the same call to retry (the retry must be
+recognised, not written twice).  Writers also rewind (a flush of a shorter list
+plus a new message) so tombstones are crashed too.  When the ``projections``
+package is importable, a projector process catches a SQLite projection up in a
+loop and is killed as well.
+
+The parent SIGKILLs a random writer (or the projector) after a random delay,
+drains the acknowledgements the dead process sent, and restarts it; a restarted
+writer reads its sessions back from the log (``messages()``) and goes on, as a
+resumed agent would.  After the kills every writer runs a last short, clean round
+so that the final state is acknowledged, then the parent checks:
+
+- ``verify()`` is ok (hash chain, digests, derived indexes);
+- every acknowledged message is in the session's history at its acknowledged
+  position, written by one event, and the acknowledged head is the node there;
+- each session's live transcript equals the acknowledged model (positions
+  written by a call that committed but died before acknowledging must hold that
+  session's messages) and its head is the last acknowledged head;
+- no message id was appended twice anywhere, and no live transcript repeats one;
+- the projection caught up after the crashes equals a rebuild from scratch.
+
+Run it
+------
+    python scripts/crash_harness.py --kills 1000 --durability full
+    python scripts/crash_harness.py --kills 1000 --durability all --json results.json
+
+Exit status 0 when every check passed.  The tests run :func:`run` with a few
+dozen kills.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import shutil
+import signal
+import sqlite3
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections import defaultdict
+from dataclasses import asdict, dataclass, field
+from hashlib import sha256
+from pathlib import Path
+from typing import Any
+
+# Run from a checkout: import the packages next to this script.
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+MODES = ("full", "process", "none")
+REWIND_ABOVE = 120
+"""Sessions longer than this are rewound, so flushes stay cheap on long runs."""
+
+
+# -- messages -------------------------------------------------------------------
+
+
+def message_for(uid: str) -> dict[str, Any]:
+    """The message with id ``uid``: deterministic, so a restarted writer can rebuild a retry."""
+    h = sha256(uid.encode()).digest()
+    size = h[0] * 3  # 0 .. 765 bytes of filler: realistic message sizes
+    role = "user" if h[1] & 1 else "assistant"
+    return {"role": role, "content": f"{uid} " + "lorem ipsum "[h[2] % 6 :] * (size // 12), "uid": uid}
+
+
+# -- the writer process ---------------------------------------------------------
+
+
+def _send(line: dict[str, Any]) -> None:
+    data = (json.dumps(line, separators=(",", ":")) + "\n").encode()
+    # One write(2) of less than PIPE_BUF bytes: the parent never sees half a line.
+    assert len(data) < 4096
+    os.write(1, data)
+
+
+def writer_main(cfg: dict[str, Any]) -> int:
+    from eventlog import EMPTY_HEAD, EventLog
+
+    rng = random.Random(cfg["seed"])
+    sessions: list[str] = cfg["sessions"]
+    gen = cfg["incarnation"]
+    counter = 0
+
+    def new_uid(session: str) -> str:
+        nonlocal counter
+        counter += 1
+        return f"{session}|{gen}|{counter}"
+
+    with EventLog.open(cfg["path"], durability=cfg["durability"]) as log:
+        lists: dict[str, list[dict[str, Any]]] = {}
+        heads: dict[str, str | None] = {}
+        for s in sessions:
+            lists[s] = log.messages(s) if s in log else []
+            heads[s] = log.head(s)
+        # A writer killed between its intent and its acknowledgement retries the same
+        # append: whether or not it landed, it must be written exactly once.
+        for intent in cfg.get("intents", []):
+            s, uids = intent["s"], intent["u"]
+            result = log.append(s, [message_for(u) for u in uids], expected_head=intent["h"])
+            lists[s] = log.messages(s)
+            heads[s] = result.head
+            _send({"t": "ack", "s": s, "p": intent["p"], "u": uids, "h": result.head, "n": len(lists[s]), "retry": 1})
+        ops = cfg.get("ops", 0)
+        done = 0
+        while not ops or done < ops:
+            done += 1
+            s = rng.choice(sessions)
+            current = lists[s]
+            roll = rng.random()
+            if current and (roll < 0.08 or len(current) > REWIND_ABOVE):
+                # Rewind or edit: keep a prefix, add one new message.
+                keep = rng.randint(1, len(current))
+                uids = [new_uid(s)]
+                wanted = current[:keep] + [message_for(uids[0])]
+                result = log.flush(s, wanted)
+                position = keep
+            elif roll < 0.18:
+                # Several exit paths flush the same list: nothing may be written.
+                result = log.flush(s, current)
+                if result.appended or result.tombstoned or result.head != heads[s]:
+                    raise AssertionError(f"a repeated flush of {s} wrote something: {result}")
+                continue
+            elif roll < 0.40:
+                uids = [new_uid(s) for _ in range(rng.randint(1, 3))]
+                expected = heads[s] or EMPTY_HEAD
+                _send({"t": "intent", "s": s, "p": len(current), "u": uids, "h": expected})
+                wanted = current + [message_for(u) for u in uids]
+                result = log.append(s, wanted[len(current) :], expected_head=expected)
+                position = len(current)
+            else:
+                uids = [new_uid(s) for _ in range(rng.randint(1, 3))]
+                wanted = current + [message_for(u) for u in uids]
+                result = log.flush(s, wanted)
+                position = len(current)
+            lists[s] = wanted
+            heads[s] = result.head
+            _send({"t": "ack", "s": s, "p": position, "u": uids, "h": result.head, "n": len(wanted)})
+            if cfg.get("pause"):
+                time.sleep(cfg["pause"])
+    return 0
+
+
+def projector_main(cfg: dict[str, Any]) -> int:
+    from eventlog import EventLog
+    from projections import SQLiteProjection
+
+    # Open the log only once it exists: the projector must not create it.
+    while not os.path.exists(os.path.join(cfg["path"], "data.mdb")):
+        time.sleep(0.01)
+    with EventLog.open(cfg["path"], durability=cfg["durability"]) as log:
+        projection = SQLiteProjection(cfg["db"])
+        try:
+            while True:
+                applied = projection.catch_up(log)
+                _send({"t": "caught", "n": applied})
+                time.sleep(0.005)
+        finally:
+            projection.close()
+
+
+# -- the parent -----------------------------------------------------------------
+
+
+@dataclass
+class Result:
+    durability: str
+    kills: int = 0
+    writer_kills: int = 0
+    projector_kills: int = 0
+    incarnations: int = 0
+    acks: int = 0
+    retries: int = 0
+    messages_acked: int = 0
+    messages_checked: int = 0
+    sessions: int = 0
+    events: int = 0
+    projection: str = "not available"
+    seconds: float = 0.0
+    problems: list[str] = field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        return not self.problems
+
+
+class _Proc:
+    """One incarnation of a writer or the projector, with a thread draining its pipe."""
+
+    def __init__(self, argv: list[str], stderr_path: Path) -> None:
+        self.stderr = open(stderr_path, "ab")
+        self.popen = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=self.stderr, stdin=subprocess.DEVNULL)
+        self.lines: list[dict[str, Any]] = []
+        self.thread = threading.Thread(target=self._drain, daemon=True)
+        self.thread.start()
+
+    def _drain(self) -> None:
+        assert self.popen.stdout is not None
+        for raw in self.popen.stdout:
+            if raw.endswith(b"\n"):
+                self.lines.append(json.loads(raw))
+
+    def kill(self) -> None:
+        try:
+            self.popen.send_signal(signal.SIGKILL)
+        except ProcessLookupError:  # pragma: no cover - already gone
+            pass
+        self.finish()
+
+    def finish(self, timeout: float | None = None) -> int:
+        code = self.popen.wait(timeout=timeout)
+        self.thread.join()
+        assert self.popen.stdout is not None
+        self.popen.stdout.close()
+        self.stderr.close()
+        return code
+
+
+def _projection_available() -> bool:
+    try:
+        from projections import SQLiteProjection  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+def _tables(db: Path) -> dict[str, list[tuple[Any, ...]]]:
+    """Every ordinary table's rows, sorted (virtual tables and their shadow tables excluded)."""
+    with sqlite3.connect(db) as conn:
+        rows = conn.execute("SELECT name, sql FROM sqlite_master WHERE type = 'table'").fetchall()
+        virtual = [name for name, sql in rows if (sql or "").upper().startswith("CREATE VIRTUAL")]
+        out = {}
+        for name, _ in rows:
+            if name.startswith("sqlite_") or any(name == v or name.startswith(v + "_") for v in virtual):
+                continue
+            out[name] = sorted(conn.execute(f'SELECT * FROM "{name}"').fetchall(), key=repr)
+    conn.close()
+    return out
+
+
+def run(
+    workdir: str | os.PathLike[str],
+    *,
+    durability: str = "full",
+    kills: int = 30,
+    writers: int = 3,
+    sessions_per_writer: int = 3,
+    seed: int = 0,
+    max_delay: float = 0.12,
+    projection: bool | None = None,
+    progress: bool = False,
+) -> Result:
+    """Run the harness in ``workdir`` (the log and projection are created there) and check the log."""
+    started = time.monotonic()
+    workdir = Path(workdir)
+    workdir.mkdir(parents=True, exist_ok=True)
+    path = workdir / "log"
+    db = workdir / "projection.db"
+    rng = random.Random(seed)
+    result = Result(durability)
+    if projection is None:
+        projection = _projection_available()
+    script = os.path.abspath(__file__)
+    sessions = {w: [f"w{w}s{j}" for j in range(sessions_per_writer)] for w in range(writers)}
+    pending: dict[int, dict[str, dict[str, Any]]] = {w: {} for w in range(writers)}
+    model: dict[str, list[str | None]] = defaultdict(list)
+    acked: list[dict[str, Any]] = []
+    last_head: dict[str, str | None] = {}
+    incarnation = 0
+
+    def start_writer(w: int, ops: int = 0) -> _Proc:
+        nonlocal incarnation
+        incarnation += 1
+        result.incarnations += 1
+        cfg = {
+            "path": str(path),
+            "durability": durability,
+            "sessions": sessions[w],
+            "seed": rng.getrandbits(32),
+            "incarnation": incarnation,
+            "intents": list(pending[w].values()),
+            "ops": ops,
+        }
+        return _Proc([sys.executable, script, "--writer", json.dumps(cfg)], workdir / f"writer{w}.err")
+
+    def start_projector() -> _Proc:
+        cfg = {"path": str(path), "durability": durability, "db": str(db)}
+        return _Proc([sys.executable, script, "--projector", json.dumps(cfg)], workdir / "projector.err")
+
+    def absorb(w: int, proc: _Proc) -> None:
+        for line in proc.lines:
+            s = line.get("s")
+            if line["t"] == "intent":
+                pending[w][s] = line
+            elif line["t"] == "ack":
+                pending[w].pop(s, None)
+                p, uids = line["p"], line["u"]
+                chain = model[s][:p]
+                chain += [None] * (p - len(chain))  # committed by a call that died before acknowledging
+                chain += uids
+                model[s] = chain
+                if line["n"] != len(chain):
+                    result.problems.append(f"{s}: acknowledged length {line['n']} but the model has {len(chain)}")
+                last_head[s] = line["h"]
+                acked.append(line)
+                result.acks += 1
+                result.retries += line.get("retry", 0)
+                result.messages_acked += len(uids)
+
+    procs: dict[int, _Proc] = {w: start_writer(w) for w in range(writers)}
+    projector = start_projector() if projection else None
+    for i in range(kills):
+        time.sleep(rng.uniform(0, max_delay))
+        victim = rng.randrange(writers + (1 if projector else 0))
+        if victim == writers:
+            assert projector is not None
+            projector.kill()
+            code = projector.popen.returncode
+            if code != -signal.SIGKILL:
+                result.problems.append(f"projector exited with {code} before it was killed: see {workdir / 'projector.err'}")
+                break
+            result.projector_kills += 1
+            projector = start_projector()
+        else:
+            proc = procs[victim]
+            proc.kill()
+            absorb(victim, proc)
+            code = proc.popen.returncode
+            if code != -signal.SIGKILL:
+                result.problems.append(f"writer {victim} exited with {code} before it was killed: see {workdir / f'writer{victim}.err'}")
+                break
+            result.writer_kills += 1
+            procs[victim] = start_writer(victim)
+        result.kills += 1
+        if progress and (i + 1) % 100 == 0:
+            print(f"  {durability}: {i + 1} kills, {result.messages_acked} messages acknowledged", file=sys.stderr, flush=True)
+
+    # Stop everything, then let each writer finish a short clean round so the final
+    # state of every session is acknowledged.
+    for w, proc in procs.items():
+        proc.kill()
+        absorb(w, proc)
+    if projector is not None:
+        projector.kill()
+    for w in range(writers):
+        proc = start_writer(w, ops=4 * sessions_per_writer)
+        try:
+            code = proc.finish(timeout=120)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            code = None
+        absorb(w, proc)
+        if code != 0:
+            result.problems.append(f"writer {w} final round exited with {code}: see {workdir / f'writer{w}.err'}")
+    if result.problems:
+        result.seconds = time.monotonic() - started
+        return result
+
+    _check(path, durability, sessions, model, acked, last_head, result)
+    if projection and not result.problems:
+        _check_projection(path, durability, db, workdir / "rebuilt.db", result)
+    result.seconds = time.monotonic() - started
+    return result
+
+
+def _check(
+    path: Path,
+    durability: str,
+    sessions: dict[int, list[str]],
+    model: dict[str, list[str | None]],
+    acked: list[dict[str, Any]],
+    last_head: dict[str, str | None],
+    result: Result,
+) -> None:
+    from eventlog import EventLog
+
+    problems = result.problems
+    with EventLog.open(path, durability=durability) as log:
+        report = log.verify()
+        if not report.ok:
+            problems.append(f"verify: {report}")
+        result.events = log.last_seq
+        appended_where: dict[str, list[tuple[str, int, int]]] = defaultdict(list)
+        occurrences: dict[str, dict[tuple[int, str], Any]] = {}
+        for s in [s for group in sessions.values() for s in group]:
+            if s not in model:
+                continue
+            result.sessions += 1
+            history = log.history(s)
+            index = {}
+            for occ in history:
+                uid = occ.message.get("uid")
+                index[(occ.position, uid)] = occ
+                if occ.origin == "append":
+                    appended_where[uid].append((s, occ.position, occ.seq))
+                if not isinstance(uid, str) or not uid.startswith(s + "|"):
+                    problems.append(f"{s}: history holds a message that this session never wrote: {occ.message!r:.100}")
+            occurrences[s] = index
+            live = [m.get("uid") for m in log.messages(s)]
+            want = model[s]
+            if len(live) != len(want) or any(w is not None and w != got for w, got in zip(want, live)):
+                first = next((i for i, (w, got) in enumerate(zip(want, live)) if w is not None and w != got), min(len(live), len(want)))
+                problems.append(f"{s}: live transcript differs from the acknowledged one at position {first} (live {len(live)}, acknowledged {len(want)})")
+            if len(set(live)) != len(live):
+                problems.append(f"{s}: a message appears twice in the live transcript")
+            if log.head(s) != last_head.get(s):
+                problems.append(f"{s}: head {log.head(s)} is not the last acknowledged head {last_head.get(s)}")
+            result.messages_checked += len(live)
+    for uid, places in appended_where.items():
+        if len(places) != 1:
+            problems.append(f"message {uid} was written {len(places)} times: {places}")
+    for ack in acked:
+        s, p, uids = ack["s"], ack["p"], ack["u"]
+        seqs = set()
+        for offset, uid in enumerate(uids):
+            occ = occurrences.get(s, {}).get((p + offset, uid))
+            if occ is None:
+                problems.append(f"{s}: acknowledged message {uid} is not in the history at position {p + offset}")
+                break
+            seqs.add(occ.seq)
+        else:
+            last = occurrences[s][(p + len(uids) - 1, uids[-1])]
+            if ack["h"] is not None and last.node != ack["h"]:
+                problems.append(f"{s}: acknowledged head {ack['h']} is not the node of {uids[-1]}")
+            if len(seqs) != 1:
+                problems.append(f"{s}: one acknowledged call was split over events {sorted(seqs)}")
+        if len(problems) > 50:
+            break
+
+
+def _check_projection(path: Path, durability: str, db: Path, rebuilt: Path, result: Result) -> None:
+    from eventlog import EventLog
+    from projections import SQLiteProjection
+
+    with EventLog.open(path, durability=durability) as log:
+        incremental = SQLiteProjection(db)
+        fresh = SQLiteProjection(rebuilt)
+        try:
+            incremental.catch_up(log)
+            fresh.rebuild(log)
+        finally:
+            incremental.close()
+            fresh.close()
+    a, b = _tables(db), _tables(rebuilt)
+    if a != b:
+        differing = sorted(name for name in set(a) | set(b) if a.get(name) != b.get(name))
+        result.problems.append(f"projection caught up after crashes differs from a rebuild in tables {differing}")
+        result.projection = "differs from rebuild"
+    else:
+        result.projection = f"equals rebuild ({sum(len(rows) for rows in a.values())} rows)"
+
+
+# -- command line ---------------------------------------------------------------
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--kills", type=int, default=1000, help="SIGKILLs to deliver (default 1000)")
+    parser.add_argument("--durability", default="full", choices=[*MODES, "all"])
+    parser.add_argument("--writers", type=int, default=3)
+    parser.add_argument("--sessions", type=int, default=3, help="sessions per writer")
+    parser.add_argument("--max-delay", type=float, default=0.12, help="longest wait between kills, seconds")
+    parser.add_argument("--seed", type=int, default=None)
+    parser.add_argument("--no-projection", action="store_true")
+    parser.add_argument("--workdir", help="keep the logs here (default: a temporary directory, removed on success)")
+    parser.add_argument("--json", help="write the results to this file")
+    parser.add_argument("--writer", help=argparse.SUPPRESS)
+    parser.add_argument("--projector", help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    if args.writer:
+        return writer_main(json.loads(args.writer))
+    if args.projector:
+        return projector_main(json.loads(args.projector))
+
+    seed = args.seed if args.seed is not None else random.randrange(1 << 30)
+    modes = MODES if args.durability == "all" else (args.durability,)
+    base = Path(args.workdir) if args.workdir else Path(tempfile.mkdtemp(prefix="crash-harness-"))
+    results = []
+    for mode in modes:
+        print(f"{mode}: {args.kills} kills, {args.writers} writers x {args.sessions} sessions, seed {seed}", file=sys.stderr, flush=True)
+        outcome = run(
+            base / mode, durability=mode, kills=args.kills, writers=args.writers, sessions_per_writer=args.sessions,
+            seed=seed, max_delay=args.max_delay, projection=False if args.no_projection else None, progress=True,
+        )
+        results.append(outcome)
+    print(f"{'mode':8} {'kills':>6} {'writer':>7} {'proj.':>6} {'acks':>7} {'retries':>7} {'msgs acked':>10} {'live checked':>12} {'events':>8} {'secs':>7}  result")
+    for r in results:
+        verdict = "OK" if r.ok else "FAILED: " + "; ".join(r.problems[:5])
+        print(f"{r.durability:8} {r.kills:6} {r.writer_kills:7} {r.projector_kills:6} {r.acks:7} {r.retries:7} {r.messages_acked:10} {r.messages_checked:12} {r.events:8} {r.seconds:7.1f}  {verdict}")
+        print(f"{'':8} projection: {r.projection}")
+    if args.json:
+        Path(args.json).write_text(json.dumps({"seed": seed, "python": sys.version.split()[0], "results": [asdict(r) | {"ok": r.ok} for r in results]}, indent=2) + "\n")
+    ok = all(r.ok for r in results)
+    if ok and not args.workdir:
+        shutil.rmtree(base, ignore_errors=True)
+    elif not ok:
+        print(f"logs kept in {base}", file=sys.stderr)
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
