@@ -1,0 +1,410 @@
+"""The systems under test, behind one small interface, each writing one agent turn at a time.
+
+Every system gets ``open(directory)``, ``turn(session_id, messages, new)`` (the
+agent's whole list after the turn, and the turn's new messages) and ``close()``,
+and says which durability it gives.  Each writes a turn the way its users do:
+
+- ``eventlog flush``: ``EventLog.flush(sid, messages)``, the whole list each turn;
+- ``eventlog append``: ``EventLog.append(sid, new)``;
+- ``hermes SessionDB``: hermes-agent's own store (``hermes_state.SessionDB``, FTS5
+  triggers, WAL, ``BEGIN IMMEDIATE``).  The agent's current flush collects the
+  turn's unmarked messages and writes them in one transaction
+  (``append_messages_batch``); the released 0.19 package does not have that method
+  yet, so "batch" runs the same statements in one ``SessionDB._execute_write``
+  with ``SessionDB._insert_message_rows`` plus the counter update; "per message"
+  is what ``run_agent.py`` 0.19 does (one ``append_message`` transaction each);
+- ``eventsourcing``: one aggregate per session, one ``MessageAdded`` event per
+  message, one ``Application.save`` per turn, SQLite recorder (WAL);
+- ``openai-agents SQLiteSession``: ``await session.add_items(new)`` per turn;
+- ``plain SQLite``: WAL, ``synchronous=FULL``, one transaction per turn, ``executemany``;
+- floors: a 700-byte overwrite + ``fdatasync`` of one file, and a bare py-lmdb
+  put of the turn's encoded messages + commit.
+
+SQLite's compiled default here is ``synchronous=FULL`` (checked in :func:`sqlite_synchronous`),
+so every SQLite peer syncs its WAL at each commit.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import copy
+import json
+import os
+import sqlite3
+import struct
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import lmdb
+import msgspec
+
+from eventlog import EventLog
+
+Message = dict[str, Any]
+PAIR = struct.Struct(">QQ")
+
+
+class Skip(Exception):
+    """The system cannot run here (a peer is not installed); the message says why."""
+
+
+class System:
+    name = "?"
+    durability = "?"
+    kind = "ours"  # ours | peer | floor
+
+    def open(self, directory: Path) -> None:
+        raise NotImplementedError
+
+    def prepare(self, session_id: str, messages: list[Message], new: list[Message]) -> None:
+        """Untimed work before a turn that stands for the agent, not the store."""
+
+    def turn(self, session_id: str, messages: list[Message], new: list[Message]) -> None:
+        raise NotImplementedError
+
+    def close(self) -> None:
+        pass
+
+
+# -- ours ----------------------------------------------------------------------
+
+DURABILITY_TEXT = {
+    "full": "LMDB sync+metasync (power-loss safe)",
+    "process": "LMDB sync, no metasync (process/OS-crash safe)",
+    "none": "no fsync (process-crash safe)",
+}
+
+
+def projection_available() -> str | None:
+    """None when ``projections.SQLiteProjection`` imports, else why not."""
+    try:
+        from projections import SQLiteProjection  # noqa: F401
+    except ImportError as e:
+        return f"the SQLite projection is not available yet ({e})"
+    return None
+
+
+class EventLogSystem(System):
+    """Our log: ``flush`` (snapshot) or ``append`` (delta), optional projection.
+
+    ``projection``: None; ``"attached"`` (default mode: rows current after every
+    write, the search index fed in batches); ``"search"`` (attached, and each turn
+    waits until the search index is current too: end to end).
+    """
+
+    def __init__(self, *, durability: str = "full", mode: str = "flush", trust: bool = False, projection: str | None = None) -> None:
+        self.mode = mode
+        self.trust = trust
+        self.projection_mode = projection
+        self.durability = DURABILITY_TEXT[durability] + (", projection: SQLite WAL synchronous=NORMAL" if projection else "")
+        self.log_durability = durability
+        label = "append" if mode == "append" else ("flush trust" if trust else "flush")
+        suffix = {None: "", "attached": " +projection", "search": " +projection+search current"}[projection]
+        self.name = f"eventlog {label} [{durability}]{suffix}"
+        self.log: EventLog | None = None
+        self.projection: Any = None
+
+    def open(self, directory: Path) -> None:
+        projections = []
+        if self.projection_mode:
+            reason = projection_available()
+            if reason:
+                raise Skip(reason)
+            from projections import SQLiteProjection
+
+            self.projection = SQLiteProjection(directory / "transcript.db")
+            projections.append(self.projection)
+        self.log = EventLog.open(directory / "log", durability=self.log_durability, trust_identity=self.trust, projections=projections)
+
+    def turn(self, session_id: str, messages: list[Message], new: list[Message]) -> None:
+        assert self.log is not None
+        if self.mode == "append":
+            self.log.append(session_id, new)
+        else:
+            self.log.flush(session_id, messages)
+        if self.projection_mode == "search":
+            self.projection.sync_search()
+
+    def close(self) -> None:
+        if self.log is not None:
+            self.log.close()
+        if self.projection is not None:
+            self.projection.close()
+
+
+# -- peers ---------------------------------------------------------------------
+
+def sqlite_synchronous(conn: sqlite3.Connection) -> str:
+    level = conn.execute("PRAGMA synchronous").fetchone()[0]
+    mode = conn.execute("PRAGMA journal_mode").fetchone()[0]
+    return f"SQLite {mode.upper()} synchronous={['OFF', 'NORMAL', 'FULL', 'EXTRA'][level]}"
+
+
+HERMES_MARKER = "_db_persisted"
+_HERMES_REASONING = ("reasoning", "reasoning_content", "reasoning_details", "codex_reasoning_items", "codex_message_items")
+
+
+class HermesSystem(System):
+    """hermes-agent's ``SessionDB``, written per turn the way the agent's flush does.
+
+    The agent scans its list, skips dicts stamped with its "persisted" marker,
+    builds a row per new message, writes the rows, then stamps the marker on each
+    dict.  It gets its own deep copy of the workload, so its marker never touches
+    the dicts that other systems see.
+    """
+
+    kind = "peer"
+
+    def __init__(self, *, batch: bool = True) -> None:
+        self.batch = batch
+        self.name = "hermes SessionDB " + ("(one txn per turn)" if batch else "(one txn per message, as released)")
+        self.durability = "?"
+        self._copies: dict[int, Message] = {}
+        self._created: set[str] = set()
+
+    def open(self, directory: Path) -> None:
+        try:
+            from hermes_state import SessionDB
+        except ImportError as e:
+            raise Skip(f"hermes-agent is not installed ({e}); pip install -e '.[bench]'") from None
+        self.db = SessionDB(db_path=directory / "state.db")
+        self.durability = sqlite_synchronous(self.db._conn) + " + FTS5 triggers"
+        self._list: dict[str, list[Message]] = {}
+
+    def _own(self, session_id: str, messages: list[Message]) -> list[Message]:
+        own = self._list.setdefault(session_id, [])
+        for message in messages[len(own):]:
+            own.append(copy.deepcopy(message))
+        return own
+
+    def prepare(self, session_id: str, messages: list[Message], new: list[Message]) -> None:
+        # The copy stands for the agent's own list; making it is not the store's cost.
+        self._own(session_id, messages)
+
+    def turn(self, session_id: str, messages: list[Message], new: list[Message]) -> None:
+        self._flush(session_id, self._own(session_id, messages))
+
+    def _flush(self, session_id: str, messages: list[Message]) -> None:
+        db = self.db
+        if session_id not in self._created:
+            db.create_session(session_id, source="cli")
+            self._created.add(session_id)
+        rows: list[Message] = []
+        written: list[Message] = []
+        for message in messages:
+            if message.get(HERMES_MARKER):
+                continue
+            role = message.get("role", "unknown")
+            rows.append(
+                {
+                    "role": role,
+                    "content": message.get("content"),
+                    "tool_name": message.get("tool_name"),
+                    "tool_calls": message["tool_calls"] if isinstance(message.get("tool_calls"), list) else None,
+                    "tool_call_id": message.get("tool_call_id"),
+                    "finish_reason": message.get("finish_reason"),
+                    **{k: message.get(k) for k in _HERMES_REASONING},
+                    "timestamp": message.get("timestamp"),
+                    "api_content": None,
+                    "platform_message_id": message.get("platform_message_id"),
+                }
+            )
+            written.append(message)
+        if not rows:
+            return
+        if self.batch:
+            def write(conn: sqlite3.Connection) -> None:
+                count, calls = db._insert_message_rows(conn, session_id, rows)
+                conn.execute(
+                    "UPDATE sessions SET message_count = message_count + ?, tool_call_count = tool_call_count + ? WHERE id = ?",
+                    (count, calls, session_id),
+                )
+
+            db._execute_write(write)
+        else:
+            for row in rows:
+                db.append_message(
+                    session_id=session_id,
+                    role=row["role"],
+                    content=row["content"],
+                    tool_name=row["tool_name"],
+                    tool_calls=row["tool_calls"],
+                    tool_call_id=row["tool_call_id"],
+                    finish_reason=row["finish_reason"],
+                    reasoning=row["reasoning"] if row["role"] == "assistant" else None,
+                    reasoning_content=row["reasoning_content"] if row["role"] == "assistant" else None,
+                    reasoning_details=row["reasoning_details"] if row["role"] == "assistant" else None,
+                    timestamp=row["timestamp"],
+                )
+        for message in written:
+            message[HERMES_MARKER] = True
+
+    def close(self) -> None:
+        self.db.close()
+
+
+class EventSourcingSystem(System):
+    """``eventsourcing``: an aggregate per session, a ``MessageAdded`` event per message, one save per turn."""
+
+    kind = "peer"
+    name = "eventsourcing (SQLite)"
+
+    def open(self, directory: Path) -> None:
+        try:
+            from eventsourcing.application import Application
+            from eventsourcing.domain import Aggregate, event
+        except ImportError as e:
+            raise Skip(f"eventsourcing is not installed ({e}); pip install -e '.[bench]'") from None
+
+        class Transcript(Aggregate):
+            def __init__(self, session_id: str) -> None:
+                self.session_id = session_id
+                self.length = 0
+
+            @event("MessageAdded")
+            def add_message(self, message: dict) -> None:
+                self.length += 1
+
+        self._transcript = Transcript
+        self.app = Application(env={"PERSISTENCE_MODULE": "eventsourcing.sqlite", "SQLITE_DBNAME": str(directory / "es.db")})
+        self.aggregates: dict[str, Any] = {}
+        conn = sqlite3.connect(directory / "es.db")
+        try:
+            self.durability = sqlite_synchronous(conn)
+        finally:
+            conn.close()
+
+    def turn(self, session_id: str, messages: list[Message], new: list[Message]) -> None:
+        aggregate = self.aggregates.get(session_id)
+        if aggregate is None:
+            aggregate = self.aggregates[session_id] = self._transcript(session_id)
+        for message in new:
+            aggregate.add_message(message)
+        self.app.save(aggregate)
+
+    def close(self) -> None:
+        self.app.close()
+
+
+class OpenAISessionSystem(System):
+    """OpenAI Agents SDK ``SQLiteSession.add_items`` per turn, driven by one event loop."""
+
+    kind = "peer"
+    name = "openai-agents SQLiteSession"
+
+    def open(self, directory: Path) -> None:
+        try:
+            from agents.memory import SQLiteSession
+        except ImportError as e:
+            raise Skip(f"openai-agents is not installed ({e}); pip install -e '.[bench]'") from None
+        self._cls = SQLiteSession
+        self.path = directory / "openai.db"
+        self.sessions: dict[str, Any] = {}
+        self.loop = asyncio.new_event_loop()
+        probe = SQLiteSession("probe", self.path)
+        probe.close()
+        conn = sqlite3.connect(self.path)
+        try:
+            self.durability = sqlite_synchronous(conn)
+        finally:
+            conn.close()
+
+    def turn(self, session_id: str, messages: list[Message], new: list[Message]) -> None:
+        session = self.sessions.get(session_id)
+        if session is None:
+            session = self.sessions[session_id] = self._cls(session_id, self.path)
+        self.loop.run_until_complete(session.add_items(new))
+
+    def close(self) -> None:
+        for session in self.sessions.values():
+            session.close()
+        self.loop.close()
+
+
+class PlainSQLiteSystem(System):
+    """The baseline anyone would write: WAL, synchronous=FULL, executemany of JSON rows per turn."""
+
+    kind = "peer"
+    name = "plain SQLite"
+
+    def open(self, directory: Path) -> None:
+        self.db = sqlite3.connect(directory / "plain.db", isolation_level=None)
+        self.db.execute("PRAGMA journal_mode=WAL")
+        self.db.execute("PRAGMA synchronous=FULL")
+        self.db.execute(
+            "CREATE TABLE messages (session_id TEXT NOT NULL, position INTEGER NOT NULL, role TEXT, body TEXT NOT NULL, "
+            "PRIMARY KEY (session_id, position))"
+        )
+        self.durability = sqlite_synchronous(self.db)
+        self.lengths: dict[str, int] = {}
+
+    def turn(self, session_id: str, messages: list[Message], new: list[Message]) -> None:
+        start = self.lengths.get(session_id, 0)
+        rows = [(session_id, start + i, m.get("role"), json.dumps(m)) for i, m in enumerate(new)]
+        self.db.execute("BEGIN")
+        self.db.executemany("INSERT INTO messages VALUES (?, ?, ?, ?)", rows)
+        self.db.execute("COMMIT")
+        self.lengths[session_id] = start + len(new)
+
+    def close(self) -> None:
+        self.db.close()
+
+
+# -- physical floors -------------------------------------------------------------
+
+class RawFsyncSystem(System):
+    """One 700-byte overwrite of a file and ``fdatasync``: what one durable write costs at least."""
+
+    kind = "floor"
+    name = "floor: 700 B overwrite + fdatasync"
+    durability = "fdatasync"
+
+    def open(self, directory: Path) -> None:
+        self.fd = os.open(directory / "raw.bin", os.O_RDWR | os.O_CREAT, 0o644)
+        self.block = os.urandom(700)
+        os.pwrite(self.fd, self.block, 0)
+        os.fsync(self.fd)
+
+    def turn(self, session_id: str, messages: list[Message], new: list[Message]) -> None:
+        os.pwrite(self.fd, self.block, 0)
+        os.fdatasync(self.fd)
+
+    def close(self) -> None:
+        os.close(self.fd)
+
+
+LMDB_FLAGS = {"full": (True, True), "process": (True, False), "none": (False, False)}
+
+
+class BareLMDBSystem(System):
+    """A bare py-lmdb environment: the turn's messages, canonically encoded, put under (session, position) and committed."""
+
+    kind = "floor"
+
+    def __init__(self, durability: str = "full") -> None:
+        self.mode = durability
+        self.name = f"floor: bare py-lmdb put+commit [{durability}]"
+        self.durability = DURABILITY_TEXT[durability]
+        self.encode: Callable[[Any], bytes] = msgspec.msgpack.Encoder(order="deterministic").encode
+
+    def open(self, directory: Path) -> None:
+        sync, metasync = LMDB_FLAGS[self.mode]
+        self.env = lmdb.open(str(directory / "bare"), map_size=4 << 30, sync=sync, metasync=metasync, max_dbs=2)
+        self.db = self.env.open_db(b"messages")
+        self.lengths: dict[str, int] = {}
+        self.numbers: dict[str, int] = {}
+
+    def turn(self, session_id: str, messages: list[Message], new: list[Message]) -> None:
+        self.write(session_id, [self.encode(m) for m in new])
+
+    def write(self, session_id: str, bodies: list[bytes]) -> None:
+        number = self.numbers.setdefault(session_id, len(self.numbers))
+        start = self.lengths.get(session_id, 0)
+        with self.env.begin(write=True, db=self.db) as txn:
+            for i, body in enumerate(bodies):
+                txn.put(PAIR.pack(number, start + i), body, append=False)
+        self.lengths[session_id] = start + len(bodies)
+
+    def close(self) -> None:
+        self.env.close()
