@@ -1,0 +1,842 @@
+"""The ``eventlog`` command: look into, check, project, import and export a log.
+
+Every command finds the log at ``--log PATH``, else ``$EVENTLOG_PATH``, else
+``./eventlog-data``.  Commands that only read never create a log.  Errors are one
+line on stderr and exit status 1; ``verify`` exits 1 when the log is not intact;
+usage errors exit 2.  ``python -m eventlog.cli`` is the same command.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+from collections import Counter
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, NoReturn
+
+import click
+from rich.console import Console
+from rich.markup import escape
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.table import Table
+
+from . import events as ev
+from .errors import EventLogError, HistoryMismatchError, UnknownSessionError
+from .interchange import FORMATS, export_lines, read_jsonl, text_of
+from .log import EventLog
+from .replay import Occurrence
+from .store import Record
+
+DEFAULT_LOG = "eventlog-data"
+"""Where the log lives when neither ``--log`` nor ``EVENTLOG_PATH`` says."""
+
+DEFAULT_DEMO = "eventlog-demo"
+
+HELP_WIDTH = 100
+"""Help text is wrapped at this width everywhere, so that ``docs/cli.md`` can match it."""
+
+KIND_NAMES = {1: "opened", 2: "appended", 3: "tombstoned", 4: "closed", 5: "updated", 6: "annotated"}
+
+
+@dataclass(slots=True)
+class Settings:
+    log_path: str
+
+
+def _settings() -> Settings:
+    return click.get_current_context().find_object(Settings)  # type: ignore[return-value]
+
+
+def _fail(message: str) -> NoReturn:
+    raise click.ClickException(message)
+
+
+class _Group(click.Group):
+    """Turns the errors a user can act on into one line and exit status 1, never a traceback."""
+
+    def invoke(self, ctx: click.Context) -> Any:
+        try:
+            return super().invoke(ctx)
+        except (click.ClickException, click.exceptions.Exit, click.Abort, BrokenPipeError):
+            raise
+        except UnknownSessionError as e:
+            _fail(str(e))
+        except EventLogError as e:
+            if type(e).__name__ == "LogMismatchError":
+                _fail(f"{_one_line(e).split(';')[0]}; give another DB, or run 'eventlog rebuild DB' to replace it")
+            _fail(_one_line(e))
+        except (OSError, ValueError) as e:
+            _fail(_one_line(e))
+
+
+def _one_line(error: BaseException) -> str:
+    text = str(error) or type(error).__name__
+    return " ".join(text.split())
+
+
+def _stdout() -> Console:
+    # Created per call: click's test runner swaps sys.stdout.  Wide and without
+    # highlighting, so transcripts print as written.
+    return Console(file=sys.stdout, highlight=False, width=None if sys.stdout.isatty() else 200)
+
+
+def _stderr() -> Console:
+    return Console(file=sys.stderr, highlight=False)
+
+
+def _progress() -> Progress:
+    return Progress(
+        TextColumn("{task.description}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeElapsedColumn(),
+        console=_stderr(),
+        transient=False,
+    )
+
+
+def _print_json(value: Any) -> None:
+    click.echo(json.dumps(value, ensure_ascii=False, indent=2, default=_jsonable))
+
+
+def _jsonable(value: Any) -> Any:
+    if isinstance(value, bytes):
+        return value.hex()
+    raise TypeError(f"{type(value).__name__} is not JSON serialisable")
+
+
+def _open_log(*, write: bool = False, durability: str = "full") -> EventLog:
+    """Open the configured log; read-only unless ``write`` (which may create it)."""
+    path = _settings().log_path
+    if not write and not os.path.isfile(os.path.join(path, "data.mdb")):
+        _fail(f"no event log at {path} (give --log PATH or set EVENTLOG_PATH)")
+    return EventLog.open(path, readonly=not write, durability=durability)
+
+
+def _require_session(log: EventLog, session_id: str) -> None:
+    if session_id not in log:
+        known = log.sessions()
+        hint = f"; sessions: {', '.join(known[:5])}{' ...' if len(known) > 5 else ''}" if known else "; the log has no sessions"
+        _fail(f"no session {session_id!r} in {log.path}{hint}")
+
+
+def _default_db(log_path: str) -> str:
+    return os.path.normpath(log_path) + ".sqlite"
+
+
+# -- the group ----------------------------------------------------------------
+
+
+@click.group(cls=_Group, context_settings={"help_option_names": ["-h", "--help"], "max_content_width": HELP_WIDTH, "terminal_width": HELP_WIDTH})
+@click.option(
+    "--log",
+    "log_path",
+    envvar="EVENTLOG_PATH",
+    default=DEFAULT_LOG,
+    show_default=True,
+    metavar="PATH",
+    help="The log directory (else $EVENTLOG_PATH).",
+)
+@click.version_option(package_name="agent-eventlog", prog_name="eventlog")
+@click.pass_context
+def cli(ctx: click.Context, log_path: str) -> None:
+    """A durable, content-addressed transcript log for AI agents.
+
+    Look into a log, check it, project it to SQLite, move transcripts in and out.
+    Commands that only read never create a log. Start with `eventlog demo`.
+    """
+    ctx.obj = Settings(log_path)
+
+
+# -- demo ---------------------------------------------------------------------
+
+
+@cli.command()
+@click.option("--path", "path", default=DEFAULT_DEMO, show_default=True, metavar="DIR", help="Directory for the demo's log and SQLite file (cleared if an earlier demo made it).")
+@click.option("--turns", default=60, show_default=True, type=click.IntRange(3, 10_000), help="Agent turns to play before the edit, rewind and compaction.")
+@click.option("--durability", type=click.Choice(["full", "process", "none"]), default="full", show_default=True, help="Sync mode of the demo's log.")
+@click.option("--json", "as_json", is_flag=True, help="Print the report as JSON.")
+def demo(path: str, turns: int, durability: str, as_json: bool) -> None:
+    """Play a scripted agent session into DIR and report what the log did.
+
+    A few hundred messages with tool calls, flushed from several exit paths, then an
+    in-place edit, a rewind, a compaction, a fork, a crash and resume with repaired
+    tool calls, a SQLite projection and a full verify.
+    """
+    from .demo import run_demo
+
+    say = (lambda line: None) if as_json else (lambda line: _stderr().print(f"[dim]… {escape(line)}[/dim]"))
+    report = run_demo(path, turns=turns, durability=durability, say=say)
+    if as_json:
+        from dataclasses import asdict
+
+        _print_json(asdict(report))
+    else:
+        click.echo(str(report))
+    if not report.verify_ok:
+        sys.exit(1)
+
+
+# -- reading ------------------------------------------------------------------
+
+
+@dataclass(slots=True)
+class SessionSummary:
+    """What a pass over the events says about one session."""
+
+    session: str
+    live: int = 0
+    events: int = 0
+    appended: int = 0
+    tombstoned: Counter[str] = field(default_factory=Counter)
+    forked_from: str | None = None
+    fork_at: int = 0
+    closed: bool = False
+    first_seq: int = 0
+    last_seq: int = 0
+    first_ns: int = 0
+    last_ns: int = 0
+    fields: dict[str, Any] = field(default_factory=dict)
+    counters: dict[str, float] = field(default_factory=dict)
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "session": self.session,
+            "live_messages": self.live,
+            "events": self.events,
+            "appended": self.appended,
+            "tombstoned": dict(self.tombstoned),
+            "forked_from": self.forked_from,
+            "fork_at": self.fork_at if self.forked_from else None,
+            "closed": self.closed,
+            "first_seq": self.first_seq,
+            "last_seq": self.last_seq,
+            "created": _iso(self.first_ns),
+            "updated": _iso(self.last_ns),
+            "metadata": self.fields,
+            "counters": self.counters,
+        }
+
+
+@dataclass(slots=True)
+class LogSummary:
+    sessions: dict[str, SessionSummary] = field(default_factory=dict)
+    kinds: Counter[str] = field(default_factory=Counter)
+    bodies: int = 0
+    carried: int = 0
+    tombstone_events: Counter[str] = field(default_factory=Counter)
+    tombstoned: Counter[str] = field(default_factory=Counter)
+
+
+def summarize(records: Iterator[Record]) -> LogSummary:
+    """One pass over the events: per-session counts, event kinds, tombstones by reason."""
+    out = LogSummary()
+    sessions = out.sessions
+    for record in records:
+        event = record.event
+        out.kinds[KIND_NAMES.get(record.kind, str(record.kind))] += 1
+        summary = sessions.get(event.session)
+        if summary is None:
+            summary = sessions[event.session] = SessionSummary(event.session, first_seq=record.seq, first_ns=record.time_ns)
+        summary.events += 1
+        summary.last_seq = record.seq
+        summary.last_ns = record.time_ns
+        if isinstance(event, ev.SessionOpened):
+            if event.source is not None:
+                summary.forked_from = event.source
+                summary.fork_at = summary.live = event.at
+        elif isinstance(event, ev.MessagesAppended):
+            n = len(event)
+            summary.live = event.position + n
+            summary.appended += n
+            out.carried += len(event.carried)
+            out.bodies += n - len(event.carried)
+            summary.closed = False
+        elif isinstance(event, ev.MessagesTombstoned):
+            summary.live = event.position
+            summary.tombstoned[event.reason] += event.count
+            out.tombstone_events[event.reason] += 1
+            out.tombstoned[event.reason] += event.count
+        elif isinstance(event, ev.SessionClosed):
+            summary.closed = True
+        elif isinstance(event, ev.SessionUpdated):
+            summary.fields.update(event.fields)
+            for key, value in event.counters.items():
+                summary.counters[key] = summary.counters.get(key, 0) + value
+    return out
+
+
+def _iso(ns: int) -> str | None:
+    if not ns:
+        return None
+    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(ns / 1e9))
+
+
+@cli.command()
+@click.option("--json", "as_json", is_flag=True, help="Print a JSON array of sessions.")
+def sessions(as_json: bool) -> None:
+    """List the sessions: live messages, tombstones, forks, metadata."""
+    with _open_log() as log:
+        summaries = summarize(log.events()).sessions
+    rows = [summaries[s] for s in sorted(summaries)]
+    if as_json:
+        _print_json([row.as_dict() for row in rows])
+        return
+    if not rows:
+        click.echo("no sessions")
+        return
+    table = Table(box=None, pad_edge=False)
+    for column in ("session", "live", "tombstoned", "events", "updated", "title", "notes"):
+        table.add_column(column, justify="right" if column in ("live", "tombstoned", "events") else "left", no_wrap=column == "session")
+    for row in rows:
+        notes = []
+        if row.forked_from:
+            notes.append(f"fork of {row.forked_from}@{row.fork_at}")
+        if row.closed:
+            notes.append("closed")
+        table.add_row(
+            escape(row.session),
+            str(row.live),
+            str(sum(row.tombstoned.values())),
+            str(row.events),
+            _iso(row.last_ns) or "",
+            escape(str(row.fields.get("title", ""))),
+            escape(", ".join(notes)),
+        )
+    _stdout().print(table)
+
+
+def _clip(text: str, width: int | None) -> str:
+    text = " ".join(text.split()) if width is not None else text
+    if width is not None and len(text) > width:
+        return text[: width - 1] + "…"
+    return text
+
+
+def render_message(message: Mapping[str, Any], *, width: int | None = 160) -> str:
+    """One message as readable text: role, content, tool calls and tool results.
+
+    ``width`` clips the content to one line of that many characters (None: in full).
+    """
+    role = str(message.get("role") or message.get("type") or "?")
+    parts = []
+    text = text_of(message.get("content"))
+    if role == "tool":
+        name = message.get("name") or message.get("tool_name")
+        label = f"tool {name}" if name else "tool"
+        call = message.get("tool_call_id")
+        role = f"{label} ({call})" if call else label
+    if text:
+        parts.append(_clip(text, width))
+    for call in message.get("tool_calls") or ():
+        function = call.get("function", {}) if isinstance(call, Mapping) else {}
+        arguments = function.get("arguments", "")
+        if not isinstance(arguments, str):
+            arguments = json.dumps(arguments, ensure_ascii=False)
+        parts.append(f"→ {function.get('name', '?')}({_clip(arguments, 80 if width else None)}) [{call.get('id', '')}]")
+    body = "\n    ".join(parts) if width is None else "  ".join(parts)
+    return f"{role}: {body}" if body else f"{role}:"
+
+
+def _markers(history: list[Occurrence]) -> dict[int, list[str]]:
+    """Tombstone marker lines keyed by the live position they are printed before.
+
+    A tombstone ends the live suffix from its position on; its marker goes before
+    the live message now at that position (or at the end when the transcript is
+    shorter now), and names the position it had, so nothing reads ambiguously.
+    """
+    stones: dict[int, tuple[str, int, int]] = {}  # seq -> reason, count, first position
+    for occurrence in history:
+        stone = occurrence.tombstone
+        if stone is None:
+            continue
+        reason, count, first = stones.get(stone.seq, (stone.reason, 0, occurrence.position))
+        stones[stone.seq] = (reason, count + 1, min(first, occurrence.position))
+    live = sum(1 for o in history if o.tombstone is None)
+    out: dict[int, list[str]] = {}
+    for seq in sorted(stones):
+        reason, count, first = stones[seq]
+        noun = "message" if count == 1 else "messages"
+        out.setdefault(min(first, live), []).append(
+            f"  ✂ event {seq}: {count} {noun} from position {first} tombstoned ({reason})"
+        )
+    return out
+
+
+@cli.command()
+@click.argument("session")
+@click.option("--as-of", type=click.IntRange(min=0), metavar="SEQ", help="The transcript as it was right after event SEQ.")
+@click.option("--repair", is_flag=True, help="Repair tool calls as a resuming agent would (the log is not changed).")
+@click.option("--full", is_flag=True, help="Print whole contents instead of one line per message.")
+@click.option("--json", "as_json", is_flag=True, help="Print the live messages as a JSON array (the wire dicts).")
+def show(session: str, as_of: int | None, repair: bool, full: bool, as_json: bool) -> None:
+    """Print the live transcript of SESSION with roles, tool calls and tombstone markers.
+
+    A marker line shows where messages left the transcript (edit, rewind, compaction,
+    clear); `history` lists them.
+    """
+    width = None if full else 160
+    with _open_log() as log:
+        _require_session(log, session)
+        if as_json or as_of is not None or repair:
+            messages = log.messages(session, as_of=as_of, repair_tool_calls=repair)
+            if as_json:
+                _print_json(messages)
+                return
+            for position, message in enumerate(messages):
+                click.echo(f"[{position}] {render_message(message, width=width)}")
+            return
+        history = log.history(session)
+    markers = _markers(history)
+    lines = []
+    for occurrence in history:
+        if occurrence.tombstone is None:
+            lines.extend(markers.pop(occurrence.position, ()))
+            lines.append(f"[{occurrence.position}] {render_message(occurrence.message, width=width)}")
+    for rest in markers.values():
+        lines.extend(rest)
+    for line in lines:
+        click.echo(line)
+
+
+@cli.command()
+@click.argument("session")
+@click.option("--json", "as_json", is_flag=True, help="Print every occurrence as JSON.")
+def history(session: str, as_json: bool) -> None:
+    """Audit SESSION: every message occurrence, live or tombstoned, with reason and event.
+
+    `origin` is append (stored here), carry (re-linked after an edit, rewind or
+    compaction, body not stored again) or fork (shared with the parent session).
+    """
+    with _open_log() as log:
+        _require_session(log, session)
+        occurrences = log.history(session)
+    if as_json:
+        _print_json(
+            [
+                {
+                    "position": o.position,
+                    "seq": o.seq,
+                    "origin": o.origin,
+                    "node": o.node,
+                    "digest": o.digest,
+                    "live": o.tombstone is None,
+                    "tombstone_reason": o.tombstone.reason if o.tombstone else None,
+                    "tombstone_seq": o.tombstone.seq if o.tombstone else None,
+                    "override": o.override,
+                    "message": o.message,
+                }
+                for o in occurrences
+            ]
+        )
+        return
+    for o in occurrences:
+        status = "live" if o.tombstone is None else f"✗ {o.tombstone.reason}@{o.tombstone.seq}"
+        click.echo(f"{o.seq:>6} {o.position:>5} {o.origin:<6} {status:<16} {o.node[:12]} {render_message(o.message, width=100)}")
+    live = sum(1 for o in occurrences if o.tombstone is None)
+    click.echo(f"{len(occurrences)} occurrences, {live} live, {len(occurrences) - live} tombstoned")
+
+
+# -- projection ---------------------------------------------------------------
+
+
+def _projection(db: str) -> Any:
+    try:
+        from projections import SQLiteProjection
+    except ImportError as e:  # pragma: no cover - the package ships both
+        _fail(f"the SQLite projection is not available ({e})")
+    return SQLiteProjection(db)
+
+
+class _CountingLog:
+    """What a projection reads from a log (``id`` and ``events``), reporting progress as it goes."""
+
+    def __init__(self, log: EventLog, advance: Callable[[int], None]) -> None:
+        self._log = log
+        self._advance = advance
+
+    @property
+    def id(self) -> str:
+        return self._log.id
+
+    def events(self, after: int = 0) -> Iterator[Record]:
+        for record in self._log.events(after=after):
+            yield record
+            self._advance(record.seq)
+
+
+def _project(db: str | None, *, rebuild: bool, as_json: bool) -> None:
+    log_path = _settings().log_path
+    target = db or _default_db(log_path)
+    with _open_log() as log:
+        total = log.last_seq
+        projection = _projection(target)
+        try:
+            start = 0 if rebuild else projection.last_seq
+            started = time.perf_counter()
+            with _progress() as bar:
+                task = bar.add_task("rebuild" if rebuild else "project", total=max(total, 1), completed=min(start, total))
+                counting = _CountingLog(log, lambda seq: bar.update(task, completed=seq))
+                applied = projection.rebuild(counting) if rebuild else projection.catch_up(counting)
+                bar.update(task, completed=max(total, 1))
+            seconds = time.perf_counter() - started
+        finally:
+            projection.close()
+    rate = applied / seconds if seconds > 0 else 0.0
+    if as_json:
+        _print_json({"db": target, "log": log_path, "applied": applied, "last_seq": total, "seconds": seconds, "events_per_second": rate})
+        return
+    verb = "rebuilt" if rebuild else "projected"
+    click.echo(f"{verb} {applied} events into {target} in {seconds:.2f}s ({rate:,.0f} events/s); projection at event {total}")
+
+
+@cli.command()
+@click.argument("db", required=False, metavar="[DB]")
+@click.option("--json", "as_json", is_flag=True, help="Print the outcome as JSON.")
+def project(db: str | None, as_json: bool) -> None:
+    """Bring the SQLite projection DB up to date with the log (default: LOG.sqlite).
+
+    Applies only the events after the projection's checkpoint; refuses a DB that
+    projects another log.
+    """
+    _project(db, rebuild=False, as_json=as_json)
+
+
+@cli.command()
+@click.argument("db", required=False, metavar="[DB]")
+@click.option("--json", "as_json", is_flag=True, help="Print the outcome as JSON.")
+def rebuild(db: str | None, as_json: bool) -> None:
+    """Re-project the whole log into DB from the first event (default: LOG.sqlite).
+
+    Replaces whatever DB held, even a projection of another log, in one transaction.
+    """
+    _project(db, rebuild=True, as_json=as_json)
+
+
+@cli.command()
+@click.argument("query")
+@click.option("--session", "session", metavar="SESSION", help="Search only this session.")
+@click.option("--limit", default=20, show_default=True, type=click.IntRange(min=1), help="Most results to print.")
+@click.option("--db", metavar="DB", envvar="EVENTLOG_DB", help="The projection to search (else $EVENTLOG_DB, else LOG.sqlite).")
+@click.option("--json", "as_json", is_flag=True, help="Print the results as JSON.")
+def search(query: str, session: str | None, limit: int, db: str | None, as_json: bool) -> None:
+    """Full-text search of the live messages (FTS5 syntax: words, "phrases", AND/OR/NOT, prefix*).
+
+    The projection is caught up with the log first, so results are current.
+    """
+    target = db or _default_db(_settings().log_path)
+    with _open_log() as log:
+        if session is not None:
+            _require_session(log, session)
+        projection = _projection(target)
+        try:
+            projection.catch_up(log)
+            results = projection.search(query, session_id=session, limit=limit)
+        finally:
+            projection.close()
+    if as_json:
+        _print_json([{k: r[k] for k in ("session_id", "position", "seq", "role", "snippet", "content")} for r in results])
+        return
+    if not results:
+        click.echo(f"no live message matches {query!r}")
+        return
+    for r in results:
+        click.echo(f"{r['session_id']} [{r['position']}] {r['role']}: {_clip(r['snippet'] or '', 160)}")
+    click.echo(f"{len(results)} result(s)")
+
+
+# -- checking -----------------------------------------------------------------
+
+
+@cli.command()
+@click.option("--json", "as_json", is_flag=True, help="Print the report as JSON.")
+def verify(as_json: bool) -> None:
+    """Recompute every digest and the event hash chain; exit 0 only if the log is intact.
+
+    On failure prints which event is wrong and what differs, and exits 1.
+    """
+    from .store import Store
+    from .verify import verify as verify_store
+
+    path = _settings().log_path
+    if not os.path.isfile(os.path.join(path, "data.mdb")):
+        _fail(f"no event log at {path} (give --log PATH or set EVENTLOG_PATH)")
+    store = Store(path, readonly=True)
+    try:
+        with _progress() as bar:
+            task = bar.add_task("verify", total=None)
+
+            def advance(done: int, total: int) -> None:
+                bar.update(task, completed=done, total=max(total, 1))
+
+            report = verify_store(store, progress=advance)
+    finally:
+        store.close()
+    if as_json:
+        _print_json(
+            {
+                "ok": report.ok,
+                "events": report.events,
+                "sessions": report.sessions,
+                "messages": report.messages,
+                "problems": [{"seq": p.seq, "what": p.what} for p in report.problems],
+            }
+        )
+    elif report.ok:
+        click.echo(str(report))
+    else:
+        click.echo(f"NOT INTACT: {len(report.problems)} problem(s) in {path}", err=True)
+        for problem in report.problems[:20]:
+            click.echo(f"  {problem}", err=True)
+        if len(report.problems) > 20:
+            click.echo(f"  ... and {len(report.problems) - 20} more", err=True)
+    if not report.ok:
+        sys.exit(1)
+
+
+@cli.command()
+@click.option("--json", "as_json", is_flag=True, help="Print the numbers as JSON.")
+def stats(as_json: bool) -> None:
+    """Events, sessions, messages, tombstones by reason, size on disk and map size."""
+    with _open_log() as log:
+        info = log.info()
+        summary = summarize(log.events())
+    live = sum(s.live for s in summary.sessions.values())
+    numbers = {
+        "path": info["path"],
+        "log_id": info["id"],
+        "events": info["events"],
+        "events_by_kind": dict(sorted(summary.kinds.items())),
+        "sessions": info["sessions"],
+        "live_messages": live,
+        "stored_bodies": summary.bodies,
+        "carried_references": summary.carried,
+        "tombstone_events": dict(sorted(summary.tombstone_events.items())),
+        "tombstoned_messages": dict(sorted(summary.tombstoned.items())),
+        "used_bytes": info["used_bytes"],
+        "file_bytes": info["file_bytes"],
+        "map_size": info["map_size"],
+    }
+    if as_json:
+        _print_json(numbers)
+        return
+    table = Table(box=None, show_header=False, pad_edge=False)
+    table.add_column(style="bold")
+    table.add_column()
+
+    def by(counter: Mapping[str, int]) -> str:
+        return ", ".join(f"{k} {v}" for k, v in counter.items()) or "none"
+
+    table.add_row("log", escape(f"{numbers['path']} (id {numbers['log_id']})"))
+    table.add_row("events", f"{numbers['events']} ({by(numbers['events_by_kind'])})")
+    table.add_row("sessions", str(numbers["sessions"]))
+    table.add_row("live messages", str(live))
+    table.add_row("stored bodies", f"{summary.bodies} (+{summary.carried} carried references, not stored again)")
+    table.add_row("tombstones", f"{sum(summary.tombstone_events.values())} events: {by(numbers['tombstone_events'])}")
+    table.add_row("tombstoned", f"{sum(summary.tombstoned.values())} messages: {by(numbers['tombstoned_messages'])}")
+    table.add_row("size on disk", f"{_size(info['file_bytes'])} file, {_size(info['used_bytes'])} used")
+    table.add_row("map size", _size(info["map_size"]))
+    _stdout().print(table)
+
+
+def _size(n: int) -> str:
+    value = float(n)
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if value < 1024 or unit == "GiB":
+            return f"{value:.0f} {unit}" if unit == "B" else f"{value:.1f} {unit}"
+        value /= 1024
+    return f"{n} B"  # pragma: no cover
+
+
+# -- following ----------------------------------------------------------------
+
+
+def describe(record: Record) -> str:
+    """One line for an event: seq, time, session, what happened."""
+    event = record.event
+    if isinstance(event, ev.SessionOpened):
+        what = f"opened (fork of {event.source!r} sharing {event.at})" if event.source is not None else "opened"
+    elif isinstance(event, ev.MessagesAppended):
+        what = f"appended {len(event)} at {event.position}"
+        if event.carried:
+            what += f" ({len(event.carried)} carried)"
+        if event.summaries:
+            what += f" ({event.summaries} summary)"
+    elif isinstance(event, ev.MessagesTombstoned):
+        what = f"tombstoned {event.count} from {event.position} ({event.reason})"
+    elif isinstance(event, ev.SessionClosed):
+        what = f"closed ({event.reason})" if event.reason else "closed"
+    elif isinstance(event, ev.SessionUpdated):
+        keys = sorted([*event.fields, *event.counters])
+        what = f"updated {', '.join(keys)}"
+    elif isinstance(event, ev.MessageAnnotated):
+        what = f"annotated position {event.position}"
+    else:  # pragma: no cover - every kind is handled above
+        what = type(event).__name__
+    stamp = time.strftime("%H:%M:%S", time.localtime(record.time_ns / 1e9))
+    return f"{record.seq:>8} {stamp} {event.session} {what}"
+
+
+def _event_json(record: Record) -> dict[str, Any]:
+    event = record.event
+    out: dict[str, Any] = {"seq": record.seq, "time": record.time_ns, "session": event.session, "kind": KIND_NAMES.get(record.kind, record.kind)}
+    if isinstance(event, ev.MessagesAppended):
+        out.update(position=event.position, count=len(event), carried=len(event.carried), summaries=event.summaries)
+    elif isinstance(event, ev.MessagesTombstoned):
+        out.update(position=event.position, count=event.count, reason=event.reason)
+    elif isinstance(event, ev.SessionOpened):
+        out.update(source=event.source, at=event.at)
+    elif isinstance(event, ev.SessionClosed):
+        out.update(reason=event.reason)
+    elif isinstance(event, ev.SessionUpdated):
+        out.update(fields=event.fields, counters=event.counters)
+    elif isinstance(event, ev.MessageAnnotated):
+        out.update(position=event.position)
+    return out
+
+
+@cli.command()
+@click.argument("session", required=False)
+@click.option("-n", "--lines", "count", default=10, show_default=True, type=click.IntRange(min=0), help="Print this many recent events first.")
+@click.option("--once", is_flag=True, help="Print the recent events and exit instead of following.")
+@click.option("--timeout", type=click.FloatRange(min=0), metavar="SECONDS", help="Stop following after SECONDS.")
+@click.option("--interval", default=0.2, show_default=True, type=click.FloatRange(min=0.01), metavar="SECONDS", help="How often to look for new events.")
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON object per event (JSON Lines).")
+def tail(session: str | None, count: int, once: bool, timeout: float | None, interval: float, as_json: bool) -> None:
+    """Print the newest events (of SESSION, or of the whole log) and follow new ones.
+
+    Follows events written by other processes until interrupted (Ctrl-C), or until
+    --timeout; --once prints and exits.
+    """
+    deadline = None if timeout is None else time.monotonic() + timeout
+    with _open_log() as log:
+        if session is not None:
+            _require_session(log, session)
+
+        def emit(record: Record) -> None:
+            if session is not None and record.event.session != session:
+                return
+            click.echo(json.dumps(_event_json(record), ensure_ascii=False, default=_jsonable) if as_json else describe(record))
+
+        last = log.last_seq
+        recent: list[Record] = []
+        if count:
+            # Walk back in windows until enough matching events are found.
+            window = max(count, 64)
+            lo = last
+            while lo > 0 and len(recent) < count:
+                start = max(0, lo - window)
+                chunk = [r for r in log.events(after=start) if r.seq <= lo and (session is None or r.event.session == session)]
+                recent = chunk + recent
+                lo = start
+                window *= 4
+        for record in recent[-count:] if count else ():
+            emit(record)
+        sys.stdout.flush()
+        if once:
+            return
+        try:
+            while deadline is None or time.monotonic() < deadline:
+                newest = log.last_seq
+                if newest > last:
+                    for record in log.events(after=last):
+                        if record.seq > newest:
+                            break
+                        emit(record)
+                    last = newest
+                    sys.stdout.flush()
+                pause = interval if deadline is None else max(0.0, min(interval, deadline - time.monotonic()))
+                time.sleep(pause)
+        except KeyboardInterrupt:
+            pass
+
+
+# -- moving transcripts ---------------------------------------------------------
+
+
+@cli.command(name="import")
+@click.argument("file", type=click.Path(dir_okay=False, allow_dash=True))
+@click.option("--session", "session", metavar="SESSION", help="Session to import into (default: the file name without extension).")
+@click.option("--split", is_flag=True, help='Each {"messages": [...]} line is its own session SESSION-1, SESSION-2, ...')
+@click.option("--replace", is_flag=True, help="Replace an existing transcript that the file does not extend (tombstone reason clear).")
+@click.option("--durability", type=click.Choice(["full", "process", "none"]), default="full", show_default=True, help="Sync mode of the write.")
+@click.option("--json", "as_json", is_flag=True, help="Print what was written as JSON.")
+def import_(file: str, session: str | None, split: bool, replace: bool, durability: str, as_json: bool) -> None:
+    """Import messages from a JSON Lines FILE (- for stdin) into a session.
+
+    Each line is one message object, or an OpenAI-style {"messages": [...]} object.
+    The file is flushed like an agent's list: importing it again writes nothing, and
+    a longer version of the file appends only what is new. A bad line fails the whole
+    import with its line number; nothing of the file is written.
+    """
+    if session is None:
+        if file == "-":
+            _fail("reading stdin: give --session SESSION")
+        session = Path(file).stem
+    name = "<stdin>" if file == "-" else file
+    with click.open_file(file, "r", encoding="utf-8") as handle:
+        try:
+            text = handle.read()
+        except UnicodeDecodeError as e:
+            _fail(f"{name}: not UTF-8 text ({e.reason} at byte {e.start})")
+    conversations = read_jsonl(text, name=name, split=split)
+    if split and len(conversations) > 1:
+        targets = [(f"{session}-{i}", c) for i, c in enumerate(conversations, start=1)]
+    else:
+        targets = [(session, conversations[0])]
+    results = []
+    with _open_log(write=True, durability=durability) as log:
+        for target, conversation in targets:
+            try:
+                result = log.flush(target, conversation.messages, replace=replace)
+            except HistoryMismatchError:
+                stored = len(log.messages(target))
+                _fail(
+                    f"session {target!r} already holds {stored} messages and {name} does not continue them; "
+                    "pass --replace to replace the transcript, or choose another --session"
+                )
+            results.append({"session": target, "messages": len(conversation.messages), "appended": result.appended, "tombstoned": result.tombstoned, "head": result.head})
+    if as_json:
+        _print_json(results)
+        return
+    for r in results:
+        extra = f", {r['tombstoned']} tombstoned" if r["tombstoned"] else ""
+        click.echo(f"{r['session']}: {r['messages']} messages read, {r['appended']} written{extra}")
+
+
+@cli.command()
+@click.argument("session")
+@click.option("--format", "fmt", type=click.Choice(FORMATS), default="jsonl", show_default=True, help="jsonl: a message per line; openai: {\"messages\": [...]}; sharegpt: {\"conversations\": [...]}.")
+@click.option("-o", "--output", type=click.Path(dir_okay=False, allow_dash=True), default="-", show_default=True, help="File to write.")
+@click.option("--as-of", type=click.IntRange(min=0), metavar="SEQ", help="Export the transcript as it was right after event SEQ.")
+@click.option("--repair", is_flag=True, help="Repair tool calls first (a result for every call, no orphan results).")
+def export(session: str, fmt: str, output: str, as_of: int | None, repair: bool) -> None:
+    """Export the live transcript of SESSION as JSON Lines."""
+    with _open_log() as log:
+        _require_session(log, session)
+        messages = log.messages(session, as_of=as_of, repair_tool_calls=repair)
+    with click.open_file(output, "w", encoding="utf-8") as handle:
+        for line in export_lines(messages, fmt):
+            handle.write(line + "\n")
+
+
+# -- entry points -------------------------------------------------------------
+
+
+def main(argv: list[str] | None = None) -> None:
+    """Run the command line (the ``eventlog`` console script)."""
+    try:
+        cli.main(args=argv, prog_name="eventlog")
+    except BrokenPipeError:
+        # The reader went away (`eventlog show ... | head`): stop quietly, as Unix tools do.
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        sys.exit(1)
+
+
+if __name__ == "__main__":
+    main()

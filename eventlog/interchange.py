@@ -1,0 +1,206 @@
+"""Moving transcripts in and out of the log as JSON Lines.
+
+Reading (:func:`read_jsonl`) accepts two shapes per line, mixed freely:
+
+- a message: a JSON object such as ``{"role": "user", "content": "hi"}``;
+- a conversation: an OpenAI fine-tuning line ``{"messages": [...]}``.
+
+The whole file is parsed and checked before anything is written, so a bad line
+fails the import with its line number and nothing of the file is stored.
+
+Writing (:func:`export_lines`) produces one of three formats:
+
+``jsonl``     one message per line, exactly as stored (import gives back the same digests);
+``openai``    one line ``{"messages": [...]}`` (the OpenAI fine-tuning format);
+``sharegpt``  one line ``{"conversations": [{"from": ..., "value": ...}]}`` with the roles
+              ``system``, ``human``, ``gpt``, ``function_call`` and ``observation``.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from . import codec
+from .errors import InvalidMessageError
+
+FORMATS = ("jsonl", "openai", "sharegpt")
+"""The export formats, in the order the command line lists them."""
+
+SHAREGPT_ROLES = {"system": "system", "user": "human", "assistant": "gpt", "tool": "observation", "function": "observation"}
+"""Chat roles to ShareGPT ``from`` values (assistant tool calls become ``function_call`` turns)."""
+
+
+class ImportFormatError(InvalidMessageError):
+    """A line of an import file is not a message or a conversation; the text names the line."""
+
+    def __init__(self, message: str, *, line: int) -> None:
+        super().__init__(message)
+        self.line = line
+
+
+@dataclass(frozen=True, slots=True)
+class Conversation:
+    """The messages read from an import file; ``lines[i]`` is the line of ``messages[i]``."""
+
+    messages: list[dict[str, Any]]
+    lines: list[int]
+
+
+def _reject_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not a JSON-like number")
+
+
+def read_jsonl(text: str, *, name: str = "<input>", split: bool = False) -> list[Conversation]:
+    """Parse and check an import file; return its conversations.
+
+    Without ``split`` every message of the file, in file order, belongs to one
+    conversation.  With ``split`` each ``{"messages": [...]}`` line is a conversation
+    of its own and consecutive plain message lines form one.
+
+    Raises :class:`ImportFormatError` (a ``ValueError``) naming ``name:line`` for the
+    first line that is not valid JSON, not an object, has no usable ``messages``
+    list, or holds a value the log cannot store (such as a number too large for 64 bits).
+    """
+    conversations: list[Conversation] = []
+    current = Conversation([], [])
+    for number, raw in enumerate(text.splitlines(), start=1):
+        line = raw.strip()
+        if not line:
+            continue
+        where = f"{name}:{number}"
+        try:
+            value = json.loads(line, parse_constant=_reject_constant)
+        except ValueError as e:
+            raise ImportFormatError(f"{where}: not valid JSON ({e})", line=number) from None
+        if not isinstance(value, dict):
+            raise ImportFormatError(
+                f"{where}: expected a JSON object (a message or {{\"messages\": [...]}}), found {_json_type(value)}",
+                line=number,
+            )
+        if "messages" in value and "role" not in value:
+            batch = value["messages"]
+            if not isinstance(batch, list):
+                raise ImportFormatError(f"{where}: \"messages\" must be a list, found {_json_type(batch)}", line=number)
+            for i, message in enumerate(batch):
+                if not isinstance(message, dict):
+                    raise ImportFormatError(
+                        f"{where}: messages[{i}] must be a JSON object, found {_json_type(message)}", line=number
+                    )
+            if split and current.messages:
+                conversations.append(current)
+                current = Conversation([], [])
+            _check(batch, where, number)
+            current.messages.extend(batch)
+            current.lines.extend([number] * len(batch))
+            if split:
+                conversations.append(current)
+                current = Conversation([], [])
+        else:
+            _check([value], where, number)
+            current.messages.append(value)
+            current.lines.append(number)
+    if current.messages or not conversations:
+        conversations.append(current)
+    return conversations
+
+
+def _check(messages: list[dict[str, Any]], where: str, number: int) -> None:
+    for i, message in enumerate(messages):
+        try:
+            codec.canonical(message, i)
+        except InvalidMessageError as e:
+            detail = str(e)
+            if len(messages) == 1 and detail.startswith("messages[0]"):
+                detail = "message" + detail[len("messages[0]") :]
+            raise ImportFormatError(f"{where}: {detail}", line=number) from None
+
+
+def _json_type(value: Any) -> str:
+    if isinstance(value, list):
+        return "an array"
+    if isinstance(value, str):
+        return "a string"
+    if isinstance(value, bool):
+        return "a boolean"
+    if isinstance(value, (int, float)):
+        return "a number"
+    if value is None:
+        return "null"
+    return "an object"
+
+
+def export_lines(messages: Sequence[Mapping[str, Any]], fmt: str) -> Iterator[str]:
+    """The lines (without newline) of ``messages`` written in format ``fmt`` (see :data:`FORMATS`)."""
+    if fmt == "jsonl":
+        for message in messages:
+            yield _dumps(message)
+    elif fmt == "openai":
+        yield _dumps({"messages": list(messages)})
+    elif fmt == "sharegpt":
+        yield _dumps({"conversations": to_sharegpt(messages)})
+    else:
+        raise ValueError(f"unknown export format {fmt!r}; choose one of {', '.join(FORMATS)}")
+
+
+def to_sharegpt(messages: Sequence[Mapping[str, Any]]) -> list[dict[str, str]]:
+    """Chat messages as ShareGPT turns ``{"from": ..., "value": ...}``.
+
+    An assistant message with ``tool_calls`` gives its text (if any) as a ``gpt`` turn
+    and one ``function_call`` turn per call, whose value is ``{"name", "arguments"}``
+    as JSON; tool results become ``observation`` turns.
+    """
+    turns: list[dict[str, str]] = []
+    for message in messages:
+        role = str(message.get("role", ""))
+        text = text_of(message.get("content"))
+        calls = message.get("tool_calls") or []
+        if role == "assistant" and calls:
+            if text:
+                turns.append({"from": "gpt", "value": text})
+            for call in calls:
+                function = call.get("function", {}) if isinstance(call, Mapping) else {}
+                arguments = function.get("arguments", "")
+                if isinstance(arguments, str):
+                    try:
+                        arguments = json.loads(arguments)
+                    except ValueError:
+                        pass
+                turns.append({"from": "function_call", "value": _dumps({"name": function.get("name", ""), "arguments": arguments})})
+            continue
+        turns.append({"from": SHAREGPT_ROLES.get(role, role or "unknown"), "value": text})
+    return turns
+
+
+def text_of(content: Any) -> str:
+    """The text of a message's ``content``: a string as is, text parts of a list joined.
+
+    Images, audio and other non-text parts become placeholders such as ``[image]``.
+    """
+    if content is None:
+        return ""
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):
+        parts = []
+        for part in content:
+            if isinstance(part, str):
+                parts.append(part)
+            elif isinstance(part, Mapping):
+                kind = str(part.get("type", "part"))
+                if isinstance(part.get("text"), str):
+                    parts.append(part["text"])
+                elif kind in ("image_url", "input_image", "image"):
+                    parts.append("[image]")
+                elif kind in ("input_audio", "audio"):
+                    parts.append("[audio]")
+                else:
+                    parts.append(f"[{kind}]")
+        return "\n".join(parts)
+    return _dumps(content)
+
+
+def _dumps(value: Any) -> str:
+    return json.dumps(value, ensure_ascii=False, separators=(",", ":"))
