@@ -1,0 +1,151 @@
+"""Concurrent writers: 1, 2, 4, 8 threads and 2, 4 processes flushing different sessions of one log.
+
+What it measures: each writer owns one session and grows it by 10 messages per
+turn for a fixed number of turns, flushing the whole list each turn (default
+mode, ``durability="full"``).  Threads share one ``EventLog``; processes each open
+the same log directory (started with ``spawn``, never ``fork``).  All writers start
+together at a barrier.  Reported: aggregate messages/s (messages written / wall
+time from the barrier to the last writer's end), the per-flush latency
+percentiles, and the aggregate rate as a multiple of the single writer's.
+Without group commit every flush pays its own fsyncs and the writers queue on
+LMDB's writer lock; the target for group commit is 8 threads >= 2x one writer.
+
+Run it::
+
+    python -m benchmarks.bench_concurrency          # 100 turns per writer
+    python -m benchmarks.bench_concurrency --quick
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+import threading
+from pathlib import Path
+from typing import Any
+
+from eventlog import EventLog
+
+from benchmarks.harness import now_ns, quiet_gc, run_main, scratch, summary, table
+from benchmarks.workload import MESSAGES_PER_TURN, Workload
+
+THREADS = (1, 2, 4, 8)
+PROCESSES = (2, 4)
+
+
+def _turns(writer: int, turns: int) -> list[tuple[list[dict[str, Any]], list[dict[str, Any]]]]:
+    # Materialise each writer's list states up front: the workload generator is not timed.
+    out = []
+    for messages, new in Workload(salt=f"writer-{writer}").session(turns * MESSAGES_PER_TURN):
+        out.append((messages[:], new))
+    return out
+
+
+def _write(log: EventLog, writer: int, plan: list[tuple[list[dict[str, Any]], list[dict[str, Any]]]], barrier: Any) -> tuple[int, int, list[int]]:
+    samples: list[int] = []
+    barrier.wait()
+    began = now_ns()
+    for messages, _ in plan:
+        start = now_ns()
+        log.flush(f"writer-{writer}", messages)
+        samples.append(now_ns() - start)
+    return began, now_ns(), samples
+
+
+def _process_writer(path: str, writer: int, turns: int, barrier: Any, out: Any) -> None:
+    plan = _turns(writer, turns)
+    with EventLog.open(path) as log:
+        out.put((writer, _write(log, writer, plan, barrier)))
+
+
+def _threads(path: Path, count: int, turns: int) -> tuple[int, list[int]]:
+    plans = [_turns(w, turns) for w in range(count)]
+    barrier = threading.Barrier(count)
+    results: list[tuple[int, int, list[int]] | None] = [None] * count
+    errors: list[BaseException] = []
+    with EventLog.open(path) as log, quiet_gc():
+        def body(w: int) -> None:
+            try:
+                results[w] = _write(log, w, plans[w], barrier)
+            except BaseException as e:  # pragma: no cover - reported below
+                errors.append(e)
+                barrier.abort()
+
+        threads = [threading.Thread(target=body, args=(w,)) for w in range(count)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+    if errors:
+        raise errors[0]
+    return _combine([r for r in results if r is not None])
+
+
+def _processes(path: Path, count: int, turns: int) -> tuple[int, list[int]]:
+    context = multiprocessing.get_context("spawn")
+    barrier = context.Barrier(count)
+    out = context.Queue()
+    procs = [context.Process(target=_process_writer, args=(str(path), w, turns, barrier, out)) for w in range(count)]
+    for p in procs:
+        p.start()
+    results = [out.get(timeout=600)[1] for _ in procs]
+    for p in procs:
+        p.join()
+        if p.exitcode:
+            raise RuntimeError(f"a writer process exited with {p.exitcode}")
+    return _combine(results)
+
+
+def _combine(results: list[tuple[int, int, list[int]]]) -> tuple[int, list[int]]:
+    # perf_counter_ns is CLOCK_MONOTONIC on Linux: comparable across processes.
+    wall = max(end for _, end, _ in results) - min(began for began, _, _ in results)
+    return wall, [s for _, _, samples in results for s in samples]
+
+
+def run(*, quick: bool = False, scratch_dir: Path | None = None, turns: int | None = None, threads: tuple[int, ...] = THREADS, processes: tuple[int, ...] = PROCESSES) -> dict[str, Any]:
+    turns = turns or (10 if quick else 100)
+    rows: list[dict[str, Any]] = []
+    with scratch(scratch_dir, "concurrency-") as root:
+        cases = [("threads", n) for n in threads] + [("processes", n) for n in processes]
+        for kind, n in cases:
+            path = root / f"{kind}-{n}"
+            wall, samples = (_threads if kind == "threads" else _processes)(path, n, turns)
+            with EventLog.open(path) as log:
+                stored = sum(len(log.messages(f"writer-{w}")) for w in range(n))
+            assert stored == n * turns * MESSAGES_PER_TURN, f"{kind}={n}: {stored} messages stored"
+            row = {"system": f"{n} {kind[:-1] if n == 1 else kind}", "writers": n, "kind": kind, "durability": "full"}
+            row.update(summary(samples, MESSAGES_PER_TURN))
+            row["aggregate_msgs_per_s"] = stored / (wall / 1e9)
+            row["wall_s"] = wall / 1e9
+            rows.append(row)
+    single = next((r for r in rows if r["writers"] == 1), None)
+    for row in rows:
+        row["x_single"] = row["aggregate_msgs_per_s"] / single["aggregate_msgs_per_s"] if single else None
+    return {"scenario": "concurrent writers", "turns_per_writer": turns, "rows": rows}
+
+
+COLUMNS = [
+    ("system", "writers"),
+    ("median_ms", "flush median ms"),
+    ("p90_ms", "p90 ms"),
+    ("p99_ms", "p99 ms"),
+    ("aggregate_msgs_per_s", "aggregate msgs/s"),
+    ("x_single", "x 1 writer"),
+]
+
+
+def render(result: dict[str, Any]) -> str:
+    return "\n".join(
+        [
+            f"Writers flushing their own sessions, {result['turns_per_writer']} turns of 10 messages each, durability full",
+            "",
+            table(result["rows"], COLUMNS),
+        ]
+    )
+
+
+def main(argv: list[str] | None = None) -> dict[str, Any]:
+    return run_main(__doc__, run, render, argv)
+
+
+if __name__ == "__main__":
+    main()
