@@ -93,7 +93,7 @@ def _problem(value: Any, depth: int) -> tuple[list[Any], str] | None:
     t = type(value)
     if t is str:
         return None if value.isascii() or _utf8_ok(value) else ([], "str contains a lone surrogate")
-    if t is dict or (t is not str and isinstance(value, dict)):
+    if t is dict or isinstance(value, dict):
         if depth >= MAX_DEPTH:
             return [], f"nested deeper than {MAX_DEPTH} levels"
         for key, item in value.items():
@@ -101,6 +101,9 @@ def _problem(value: Any, depth: int) -> tuple[list[Any], str] | None:
                 return [key], f"key {key!r} is a {type(key).__name__}, not a str"
             if not key.isascii() and not _utf8_ok(key):
                 return [key], "key contains a lone surrogate"
+            kind = type(item)
+            if (kind is str and item.isascii()) or item is None or kind is bool:
+                continue  # the common leaves, without a call
             found = _problem(item, depth + 1)
             if found is not None:
                 found[0].append(key)

@@ -17,7 +17,7 @@ from .codec import ZERO, content_digest, node_digest
 from .errors import ConflictError, HistoryMismatchError, InvalidMessageError, UnknownSessionError
 from .replay import BodyReader, Occurrence, fill, repair, replay
 from .snapshot import Prepared, SnapshotCache, is_ephemeral, prepare
-from .store import LINK, PAIR, Batch, Record, SessionState, Store, iter_events
+from .store import LINK, SEQ, Batch, Record, SessionState, Store, chain_key, iter_events, note_key
 
 logger = logging.getLogger("eventlog")
 
@@ -189,13 +189,13 @@ class EventLog:
     def last_seq(self) -> int:
         """The seq of the newest event (0 for an empty log)."""
         with self._store.read() as txn:
-            return self._store.tail(txn)[0]
+            return self._store.last_seq(txn)
 
     def info(self) -> dict[str, Any]:
         """Sizes and counts: events, sessions, map size and bytes used on disk."""
         store = self._store
         with store.read() as txn:
-            last = store.tail(txn)[0]
+            last = store.last_seq(txn)
             sessions = txn.stat(store.sessions)["entries"]
         info = store.env.info()
         stat = store.env.stat()
@@ -289,7 +289,7 @@ class EventLog:
         expected = _head_bytes(expected_head)
         if isinstance(messages, (str, bytes, Mapping)) or not isinstance(messages, Sequence):
             raise TypeError(f"messages must be a list of message dicts, not {type(messages).__name__}")
-        prepared = prepare(messages, None, ephemeral=self._ephemeral, trust_identity=False)
+        prepared = prepare(messages, None, ephemeral=self._ephemeral, chain=False)
 
         def body(txn: lmdb.Transaction) -> FlushResult:
             batch = Batch(self._store, txn)
@@ -358,7 +358,7 @@ class EventLog:
         """
         check_session_id(session_id)
         expected = _head_bytes(expected_head)
-        prepared = prepare(summary, None, ephemeral=lambda m: False)
+        prepared = prepare(summary, None, ephemeral=lambda m: False, chain=False)
 
         def body(txn: lmdb.Transaction) -> FlushResult:
             state = self._require(txn, session_id)
@@ -420,9 +420,9 @@ class EventLog:
             batch = Batch(self._store, txn)
             state = self._open_session(batch, new_id, source=source_id, at=shared, source_head=head if links else None)
             for position, link in enumerate(links):
-                txn.put(PAIR.pack(state.number, position), LINK.pack(*link), db=self._store.chain)
+                txn.put(chain_key(state.number, position), LINK.pack(*link), db=self._store.index)
             for position, (node, note) in self._notes_in(txn, source.number, 0, shared).items():
-                txn.put(PAIR.pack(state.number, position), node + codec.encode(note), db=self._store.notes)
+                txn.put(note_key(state.number, position), node + codec.encode(note), db=self._store.index)
             state.length = shared
             state.head = head
             self._save(batch, new_id, state)
@@ -459,7 +459,7 @@ class EventLog:
         def body(txn: lmdb.Transaction) -> None:
             batch = Batch(self._store, txn)
             state = self._store.session(txn, session_id) or self._open_session(batch, session_id)
-            batch.emit(ev.SessionUpdated(session=session_id, fields=plain, counters=counters), state.number)
+            batch.emit(ev.SessionUpdated(session=session_id, fields=plain, counters=counters), state)
             self._save(batch, session_id, state)
 
         self._store.write(body)
@@ -474,7 +474,7 @@ class EventLog:
         def body(txn: lmdb.Transaction) -> None:
             state = self._require(txn, session_id)
             batch = Batch(self._store, txn)
-            batch.emit(ev.SessionClosed(session=session_id, reason=reason), state.number)
+            batch.emit(ev.SessionClosed(session=session_id, reason=reason), state)
             state.closed = True
             self._save(batch, session_id, state)
 
@@ -593,7 +593,7 @@ class EventLog:
         for position, note in notes.items():
             if position >= state.length:
                 continue
-            current = txn.get(PAIR.pack(state.number, position), db=self._store.notes)
+            current = txn.get(note_key(state.number, position), db=self._store.index)
             wanted = prepared.nodes[position] + codec.encode(note)
             if current != wanted:
                 pending[position] = note
@@ -602,14 +602,14 @@ class EventLog:
     def _notes_in(self, txn: lmdb.Transaction, number: int, start: int, stop: int) -> dict[int, tuple[bytes, dict[str, Any]]]:
         """Recorded overrides for positions ``start..stop-1``: position -> (node, override)."""
         found: dict[int, tuple[bytes, dict[str, Any]]] = {}
-        cursor = txn.cursor(db=self._store.notes)
-        if not cursor.set_range(PAIR.pack(number, start)):
+        cursor = txn.cursor(db=self._store.index)
+        if not cursor.set_range(note_key(number, start)):
             return found
-        last = PAIR.pack(number, stop)
+        last = note_key(number, stop)
         for key, value in cursor:
             if key >= last:
                 break
-            found[PAIR.unpack(key)[1]] = (value[:32], codec.decode(value[32:]))
+            found[SEQ.unpack(key[9:])[0]] = (value[:32], codec.decode(value[32:]))
         return found
 
     def _flush(
@@ -687,8 +687,8 @@ class EventLog:
                     batch_notes[i] = note
             self._append(batch, session_id, state, bodies, prepared.digests[k:], nodes[k:], carried, batch_notes, summaries)
         for position, note in sorted(annotate.items()):
-            batch.emit(ev.MessageAnnotated(session=session_id, position=position, node=nodes[position], override=note), state.number)
-            txn.put(PAIR.pack(state.number, position), nodes[position] + codec.encode(note), db=store.notes)
+            batch.emit(ev.MessageAnnotated(session=session_id, position=position, node=nodes[position], override=note), state)
+            txn.put(note_key(state.number, position), nodes[position] + codec.encode(note), db=store.index)
         self._save(batch, session_id, state)
         return FlushResult(len(nodes) - k, tombstoned, k, _head_hex(state.length, state.head))
 
@@ -720,20 +720,20 @@ class EventLog:
         self, batch: Batch, session_id: str, *, source: str | None = None, at: int = 0, source_head: bytes | None = None
     ) -> SessionState:
         number = batch.new_session_number()
-        batch.emit(ev.SessionOpened(session=session_id, source=source, at=at, source_head=source_head), number)
-        return SessionState(number, 0, ZERO, batch.seq)
+        state = SessionState(number, 0, ZERO, 0, new=True)
+        batch.emit(ev.SessionOpened(session=session_id, source=source, at=at, source_head=source_head), state)
+        return state
 
     def _tombstone(self, batch: Batch, session_id: str, state: SessionState, position: int, reason: str) -> None:
         store, txn = self._store, batch.txn
         links = store.links(txn, state.number, position, state.length)
         batch.emit(
             ev.MessagesTombstoned(session=session_id, position=position, nodes=b"".join(link[0] for link in links), reason=reason),
-            state.number,
+            state,
         )
         for offset in range(len(links)):
-            key = PAIR.pack(state.number, position + offset)
-            txn.delete(key, db=store.chain)
-            txn.delete(key, db=store.notes)
+            txn.delete(chain_key(state.number, position + offset), db=store.index)
+            txn.delete(note_key(state.number, position + offset), db=store.index)
         state.length = position
         state.head = store.link(txn, state.number, position - 1)[0] if position else ZERO
 
@@ -762,24 +762,22 @@ class EventLog:
                 overrides=notes,
                 summaries=summaries,
             ),
-            state.number,
+            state,
         )
-        number, chain, pack_key, pack_link = state.number, store.chain, PAIR.pack, LINK.pack
+        number, index, pack_link = state.number, store.index, LINK.pack
         base = state.length
         for i, (digest, node) in enumerate(zip(digests, nodes)):
             where = carried.get(i)
             body_seq, body_index = (seq, i) if where is None else where
-            txn.put(pack_key(number, base + i), pack_link(node, digest, body_seq, body_index), db=chain)
+            txn.put(chain_key(number, base + i), pack_link(node, digest, body_seq, body_index), db=index)
         for i, note in notes.items():
-            txn.put(pack_key(number, base + i), nodes[i] + codec.encode(note), db=store.notes)
+            txn.put(note_key(number, base + i), nodes[i] + codec.encode(note), db=index)
         state.length = base + len(nodes)
         state.head = nodes[-1] if nodes else state.head
         state.closed = False
 
     def _save(self, batch: Batch, session_id: str, state: SessionState) -> None:
-        state.last_seq = batch.seq
-        batch.txn.put(session_id.encode("utf-8"), state.pack(), db=self._store.sessions)
-        batch.finish()
+        batch.save(session_id, state)
 
     def _position_of(self, txn: lmdb.Transaction, state: SessionState, node: bytes) -> int | None:
         """How many live messages lead up to and include ``node`` (0 for EMPTY_HEAD); None if absent."""
@@ -788,16 +786,16 @@ class EventLog:
         if node == state.head:
             return state.length
         store = self._store
-        cursor = txn.cursor(db=store.chain)
+        cursor = txn.cursor(db=store.index)
         # Scan back from the head: the node the caller saw is usually recent.
-        if not cursor.set_key(PAIR.pack(state.number, state.length - 1)):
+        if not cursor.set_key(chain_key(state.number, state.length - 1)):
             return None
-        prefix = PAIR.pack(state.number, 0)[:8]
+        prefix = chain_key(state.number, 0)[:9]
         for key, value in cursor.iterprev():
-            if key[:8] != prefix:
+            if key[:9] != prefix:
                 break
             if value[:32] == node:
-                return PAIR.unpack(key)[1] + 1
+                return SEQ.unpack(key[9:])[0] + 1
         return None
 
     def _find_retry(self, txn: lmdb.Transaction, state: SessionState | None, expected: bytes, prepared: Prepared) -> int | None:

@@ -16,7 +16,7 @@ import lmdb
 from . import codec
 from . import events as ev
 from .errors import CorruptLogError
-from .store import PAIR, SEQ, Store
+from .store import HEADER, SessionState, Store
 
 
 @dataclass(frozen=True, slots=True)
@@ -83,20 +83,25 @@ class BodyReader:
         return [decode(self.body(seq, index)) for seq, index in locations]
 
 
-def session_events(store: Store, txn: lmdb.Transaction, number: int, upto: int | None = None) -> list[int]:
-    """The seqs of a session's events, in order, up to and including ``upto``."""
+def session_events(store: Store, txn: lmdb.Transaction, state: SessionState, upto: int | None = None) -> list[int]:
+    """The seqs of a session's events, in order, up to and including ``upto``.
+
+    Each envelope names the seq of its session's previous event, so this follows
+    those links back from the session's last event.
+    """
     seqs: list[int] = []
-    cursor = txn.cursor(db=store.timeline)
-    prefix = SEQ.pack(number)
-    if not cursor.set_range(prefix):
-        return seqs
-    for key in cursor.iternext(keys=True, values=False):
-        if key[:8] != prefix:
-            break
-        seq = PAIR.unpack(key)[1]
-        if upto is not None and seq > upto:
-            break
-        seqs.append(seq)
+    seq = state.last_seq
+    while seq:
+        raw = store.raw_event(txn, seq)
+        if raw is None:
+            raise CorruptLogError(f"{store.path}: event {seq} of session {state.number} is missing")
+        _, _, _, number, before = HEADER.unpack_from(raw)
+        if number != state.number or before >= seq:
+            raise CorruptLogError(f"{store.path}: event {seq} is not linked to session {state.number}")
+        if upto is None or seq <= upto:
+            seqs.append(seq)
+        seq = before
+    seqs.reverse()
     return seqs
 
 
@@ -110,7 +115,7 @@ def replay(store: Store, txn: lmdb.Transaction, session_id: str, upto: int | Non
         return [], []
     occurrences: list[Occurrence] = []
     live: list[int] = []
-    for seq in session_events(store, txn, state.number, upto):
+    for seq in session_events(store, txn, state, upto):
         raw = store.raw_event(txn, seq)
         if raw is None:
             raise CorruptLogError(f"{store.path}: event {seq} of session {session_id!r} is missing")

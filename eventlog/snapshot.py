@@ -122,8 +122,12 @@ def prepare(
     *,
     ephemeral: Callable[[Any], bool] = is_ephemeral,
     trust_identity: bool = False,
+    chain: bool = True,
 ) -> Prepared:
     """Compute bodies, digests and nodes for ``messages``, reusing ``previous`` where it is safe.
+
+    With ``chain=False`` node digests are left out (the caller chains the digests
+    onto a head it reads inside its transaction).
 
     Raises :class:`~eventlog.errors.InvalidMessageError` for a message that is not
     JSON-like; nothing is cached or written in that case.
@@ -162,11 +166,12 @@ def prepare(
         else:
             body = codec.canonical(message, index)
         digest = content_digest(body)
-        parent = node_digest(parent, digest)
         out.kept.append(index)
         out.bodies.append(body)
         out.digests.append(digest)
-        out.nodes.append(parent)
+        if chain:
+            parent = node_digest(parent, digest)
+            out.nodes.append(parent)
     return out
 
 

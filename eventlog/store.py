@@ -1,25 +1,29 @@
 """The LMDB environment: named databases, key formats, transactions, map growth.
 
-One environment directory per log.  Named databases:
+One environment directory per log, four named databases:
 
 ``events``    ``seq`` (8 bytes, big-endian) -> envelope + encoded event payload.
               Keys only ever grow, so every put is an append at the right edge.
-``meta``      ``b"log_id"`` (16 random bytes), ``b"tail"`` (last seq + its hash),
-              ``b"next_sid"`` (session number counter), ``b"format"``.
-``sessions``  session id (UTF-8) -> :class:`SessionState` (number, length, head, ...).
-``chain``     session number + position (8 + 8 bytes) -> node digest, content digest
-              and the ``(seq, index)`` where the body is stored.  The live chain.
-``timeline``  session number + seq (8 + 8 bytes) -> empty: the events of a session.
-``notes``     session number + position -> node digest + the current display override.
+``meta``      ``b"log_id"`` (16 random bytes), ``b"format"``, ``b"next_sid"``.
+``sessions``  session id (UTF-8) -> session number (8 bytes), written once.
+``index``     per session number, in one B-tree so that a flush touches few pages:
+              ``number + b"c" + position`` -> chain entry (node digest, content digest,
+              and the ``(seq, index)`` where the body is stored): the live chain;
+              ``number + b"h"`` -> session state (length, head, last seq, closed),
+              which sorts right after the chain's last entry;
+              ``number + b"n" + position`` -> node + current display override.
 
 Everything but ``events`` and ``meta`` is derived: written in the same transaction as
 the events, and rebuildable from the events alone.  Message keys are fixed-width
 and big-endian, and a session's writes land at the end of its own key range, so a
-flush never inserts at a random (digest-keyed) place in a B-tree.
+flush never inserts at a random (digest-keyed) place in a B-tree, and a commit
+dirties the events' right edge and one or two index leaves.
 
 The envelope of a stored event: previous event hash (32 bytes), time in
-nanoseconds (8), kind tag (1), session number (8), then the payload.  The hash of an
-event is SHA-256(seq key || envelope || payload), so the whole log is one chain.
+nanoseconds (8), kind tag (1), session number (8), and the seq of the session's
+previous event (8, 0 for its first), then the payload.  The hash of an event is
+SHA-256(seq key || envelope || payload), so the whole log is one chain, and each
+session's events are linked backwards through the envelope.
 """
 
 from __future__ import annotations
@@ -46,13 +50,12 @@ FORMAT: Final = b"1"
 
 SEQ = struct.Struct(">Q")
 PAIR = struct.Struct(">QQ")
-HEADER = struct.Struct(">32sQBQ")
-"""Envelope: previous hash, time (ns), kind, session number."""
-SESSION = struct.Struct(">QQ32sQB")
-"""Session state: number, live length, head node, last seq, closed flag."""
+HEADER = struct.Struct(">32sQBQQ")
+"""Envelope: previous hash, time (ns), kind, session number, session's previous seq."""
+STATE = struct.Struct(">Q32sQB")
+"""Session state: live length, head node, last seq, closed flag."""
 LINK = struct.Struct(">32s32sQI")
 """Chain entry: node digest, content digest, seq and index of the stored body."""
-TAIL = struct.Struct(">Q32s")
 
 DURABILITY: Final = {
     # mode: (sync, metasync)
@@ -71,14 +74,28 @@ class SessionState:
     head: bytes
     last_seq: int
     closed: bool = False
+    new: bool = False
+    """Created by the open transaction (its id is not registered yet)."""
 
     def pack(self) -> bytes:
-        return SESSION.pack(self.number, self.length, self.head, self.last_seq, self.closed)
+        return STATE.pack(self.length, self.head, self.last_seq, self.closed)
 
     @classmethod
-    def unpack(cls, raw: bytes) -> SessionState:
-        number, length, head, last_seq, closed = SESSION.unpack(raw)
+    def unpack(cls, number: int, raw: bytes) -> SessionState:
+        length, head, last_seq, closed = STATE.unpack(raw)
         return cls(number, length, head, last_seq, bool(closed))
+
+
+def chain_key(number: int, position: int) -> bytes:
+    return SEQ.pack(number) + b"c" + SEQ.pack(position)
+
+
+def note_key(number: int, position: int) -> bytes:
+    return SEQ.pack(number) + b"n" + SEQ.pack(position)
+
+
+def state_key(number: int) -> bytes:
+    return SEQ.pack(number) + b"h"
 
 
 @dataclass(frozen=True, slots=True)
@@ -158,9 +175,7 @@ class Store:
             self.events = self.env.open_db(b"events", create=not readonly)
             self.meta = self.env.open_db(b"meta", create=not readonly)
             self.sessions = self.env.open_db(b"sessions", create=not readonly)
-            self.chain = self.env.open_db(b"chain", create=not readonly)
-            self.timeline = self.env.open_db(b"timeline", create=not readonly)
-            self.notes = self.env.open_db(b"notes", create=not readonly)
+            self.index = self.env.open_db(b"index", create=not readonly)
         except lmdb.Error as e:
             raise translate(e, self.path) from e
         # In-process coordination: one writer at a time, and no transaction open
@@ -170,6 +185,8 @@ class Store:
         self._active = 0
         self._resizing = False
         self._closed = False
+        self._tail = (0, bytes(32))  # last committed event seen by this process: (seq, hash)
+        self._pending_tail: tuple[int, bytes] | None = None  # written by the open write transaction
         self.log_id = self._init_meta() if not readonly else self._read_log_id()
 
     # -- lifecycle -------------------------------------------------------------
@@ -187,7 +204,6 @@ class Store:
                 txn.put(b"format", FORMAT, db=self.meta)
                 txn.put(b"log_id", os.urandom(16), db=self.meta)
                 txn.put(b"next_sid", SEQ.pack(1), db=self.meta)
-                txn.put(b"tail", TAIL.pack(0, bytes(32)), db=self.meta)
             elif fmt != FORMAT:
                 raise CorruptLogError(f"{self.path}: unknown log format {fmt!r}")
             log_id = txn.get(b"log_id", db=self.meta)
@@ -273,9 +289,12 @@ class Store:
                     except lmdb.Error as e:
                         raise translate(e, self.path) from e
                     if txn is not None:
+                        self._pending_tail = None
                         try:
                             result = body(txn)
                             txn.commit()
+                            if self._pending_tail is not None:
+                                self._tail = self._pending_tail
                             return result
                         except lmdb.MapFullError:
                             txn.abort()
@@ -306,18 +325,34 @@ class Store:
     # -- reading helpers -------------------------------------------------------
 
     def tail(self, txn: lmdb.Transaction) -> tuple[int, bytes]:
-        raw = txn.get(b"tail", db=self.meta)
-        if raw is None:
+        """The seq and hash of the last event (0 and zeros for an empty log)."""
+        cursor = txn.cursor(db=self.events)
+        if not cursor.last():
             return 0, bytes(32)
-        seq, digest = TAIL.unpack(raw)
+        seq = SEQ.unpack(cursor.key())[0]
+        cached_seq, cached_hash = self._tail
+        if seq == cached_seq:
+            return seq, cached_hash
+        digest = event_hash(seq, cursor.value())
+        self._tail = (seq, digest)
         return seq, digest
+
+    def last_seq(self, txn: lmdb.Transaction) -> int:
+        cursor = txn.cursor(db=self.events)
+        return SEQ.unpack(cursor.key())[0] if cursor.last() else 0
 
     def session(self, txn: lmdb.Transaction, session_id: str) -> SessionState | None:
         raw = txn.get(session_id.encode("utf-8"), db=self.sessions)
-        return None if raw is None else SessionState.unpack(raw)
+        if raw is None:
+            return None
+        number = SEQ.unpack(raw)[0]
+        state = txn.get(state_key(number), db=self.index)
+        if state is None:
+            raise CorruptLogError(f"{self.path}: session {session_id!r} has no state in the index")
+        return SessionState.unpack(number, state)
 
     def link(self, txn: lmdb.Transaction, number: int, position: int) -> tuple[bytes, bytes, int, int]:
-        raw = txn.get(PAIR.pack(number, position), db=self.chain)
+        raw = txn.get(chain_key(number, position), db=self.index)
         if raw is None:
             raise CorruptLogError(f"{self.path}: live chain entry {number}/{position} is missing")
         return LINK.unpack(raw)
@@ -327,16 +362,16 @@ class Store:
         out: list[tuple[bytes, bytes, int, int]] = []
         if stop <= start:
             return out
-        cursor = txn.cursor(db=self.chain)
-        if not cursor.set_key(PAIR.pack(number, start)):
+        cursor = txn.cursor(db=self.index)
+        if not cursor.set_key(chain_key(number, start)):
             raise CorruptLogError(f"{self.path}: live chain entry {number}/{start} is missing")
         unpack = LINK.unpack
-        last = PAIR.pack(number, stop - 1)
+        last = chain_key(number, stop - 1)
         for key, value in cursor:
             out.append(unpack(value))
             if key >= last:
                 break
-        if len(out) != stop - start:
+        if len(out) != stop - start or key != last:
             raise CorruptLogError(f"{self.path}: live chain of session {number} is shorter than its length")
         return out
 
@@ -346,7 +381,7 @@ class Store:
     def load(self, seq: int, raw: bytes) -> Record:
         """Decode a stored event (the payload is decoded here, at the boundary)."""
         try:
-            prev, t, kind, _number = HEADER.unpack_from(raw)
+            prev, t, kind, _number, _before = HEADER.unpack_from(raw)
             event = ev.decoder.decode(memoryview(raw)[HEADER.size :])
         except Exception as e:
             raise CorruptLogError(f"{self.path}: event {seq} cannot be decoded ({e})") from e
@@ -360,8 +395,8 @@ def event_hash(seq: int, raw: bytes) -> bytes:
 class Batch:
     """The events of one write transaction, chained to the log's tail.
 
-    ``emit`` appends an event and indexes it in the session's timeline; ``finish``
-    records the new tail.  Both run inside the caller's write transaction.
+    ``emit`` appends an event, linking it to the previous event of the log and of
+    its session.  It runs inside the caller's write transaction.
     """
 
     __slots__ = ("store", "txn", "seq", "hash", "now")
@@ -372,19 +407,24 @@ class Batch:
         self.seq, self.hash = store.tail(txn)
         self.now = time.time_ns()
 
-    def emit(self, event: ev.AnyEvent, number: int) -> int:
+    def emit(self, event: ev.AnyEvent, state: SessionState) -> int:
         seq = self.seq + 1
-        raw = HEADER.pack(self.hash, self.now, ev.KIND[type(event)], number) + ev.encoder.encode(event)
+        raw = HEADER.pack(self.hash, self.now, ev.KIND[type(event)], state.number, state.last_seq) + ev.encoder.encode(event)
         key = SEQ.pack(seq)
         if not self.txn.put(key, raw, db=self.store.events, append=True, overwrite=False):
             raise CorruptLogError(f"{self.store.path}: event {seq} already exists")
-        self.txn.put(PAIR.pack(number, seq), b"", db=self.store.timeline, append=False)
         self.seq = seq
         self.hash = sha256(key + raw).digest()
+        self.store._pending_tail = (seq, self.hash)
+        state.last_seq = seq
         return seq
 
-    def finish(self) -> None:
-        self.txn.put(b"tail", TAIL.pack(self.seq, self.hash), db=self.store.meta)
+    def save(self, session_id: str, state: SessionState) -> None:
+        """Write the session's state (and register its id when it is new)."""
+        if state.new:
+            self.txn.put(session_id.encode("utf-8"), SEQ.pack(state.number), db=self.store.sessions)
+            state.new = False
+        self.txn.put(state_key(state.number), state.pack(), db=self.store.index)
 
     def new_session_number(self) -> int:
         raw = self.txn.get(b"next_sid", db=self.store.meta)

@@ -76,8 +76,8 @@ def test_changed_body_names_the_event(tmp_path):
 def test_damaged_index_is_found(tmp_path):
     path = tmp_path / "l"
     build(path)
-    key = (1).to_bytes(8, "big") + (0).to_bytes(8, "big")
-    tamper(path, b"chain", key, lambda v: bytes(32) + v[32:])
+    key = (1).to_bytes(8, "big") + b"c" + (0).to_bytes(8, "big")
+    tamper(path, b"index", key, lambda v: bytes(32) + v[32:])
     with EventLog.open(path) as log:
         report = log.verify()
     assert not report.ok and "live chain" in str(report)
@@ -95,7 +95,7 @@ def test_deleted_last_event_is_found(tmp_path):
     env.close()
     with EventLog.open(path) as log:
         report = log.verify()
-    assert not report.ok and "tail" in str(report)
+    assert not report.ok and "last event" in str(report)
 
 
 @pytest.mark.parametrize("mode", ["full", "process", "none"])
