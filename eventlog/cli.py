@@ -89,13 +89,16 @@ def _stderr() -> Console:
 
 
 def _progress() -> Progress:
+    """A progress bar on stderr, shown only when stderr is a terminal (scripts see none)."""
+    console = _stderr()
     return Progress(
         TextColumn("{task.description}"),
         BarColumn(),
         MofNCompleteColumn(),
         TimeElapsedColumn(),
-        console=_stderr(),
+        console=console,
         transient=False,
+        disable=not console.is_terminal,
     )
 
 
@@ -522,12 +525,16 @@ def rebuild(db: str | None, as_json: bool) -> None:
 @click.option("--session", "session", metavar="SESSION", help="Search only this session.")
 @click.option("--limit", default=20, show_default=True, type=click.IntRange(min=1), help="Most results to print.")
 @click.option("--db", metavar="DB", envvar="EVENTLOG_DB", help="The projection to search (else $EVENTLOG_DB, else LOG.sqlite).")
+@click.option("--fts", is_flag=True, help='Pass QUERY as SQLite FTS5 syntax ("phrases", AND/OR/NOT, prefix*, NEAR).')
 @click.option("--json", "as_json", is_flag=True, help="Print the results as JSON.")
-def search(query: str, session: str | None, limit: int, db: str | None, as_json: bool) -> None:
-    """Full-text search of the live messages (FTS5 syntax: words, "phrases", AND/OR/NOT, prefix*).
+def search(query: str, session: str | None, limit: int, db: str | None, fts: bool, as_json: bool) -> None:
+    """Full-text search of the live messages: those containing every word of QUERY.
 
-    The projection is caught up with the log first, so results are current.
+    Searches message text and tool names and arguments in the SQLite projection,
+    which is caught up with the log first, so results are current.
     """
+    if not fts:
+        query = plain_query(query)
     target = db or _default_db(_settings().log_path)
     with _open_log() as log:
         if session is not None:
@@ -542,11 +549,19 @@ def search(query: str, session: str | None, limit: int, db: str | None, as_json:
         _print_json([{k: r[k] for k in ("session_id", "position", "seq", "role", "snippet", "content")} for r in results])
         return
     if not results:
-        click.echo(f"no live message matches {query!r}")
+        click.echo("no live message matches")
         return
     for r in results:
         click.echo(f"{r['session_id']} [{r['position']}] {r['role']}: {_clip(r['snippet'] or '', 160)}")
     click.echo(f"{len(results)} result(s)")
+
+
+def plain_query(text: str) -> str:
+    """Words as an FTS5 query that matches rows containing all of them (each word quoted)."""
+    words = text.split()
+    if not words:
+        raise click.BadParameter("give at least one word to search for", param_hint="QUERY")
+    return " ".join('"' + word.replace('"', '""') + '"' for word in words)
 
 
 # -- checking -----------------------------------------------------------------
