@@ -160,7 +160,7 @@ def cli(ctx: click.Context, log_path: str) -> None:
 
 @cli.command()
 @click.option("--path", "path", default=DEFAULT_DEMO, show_default=True, metavar="DIR", help="Directory for the demo's log and SQLite file (cleared if an earlier demo made it).")
-@click.option("--turns", default=60, show_default=True, type=click.IntRange(3, 10_000), help="Agent turns to play before the edit, rewind and compaction.")
+@click.option("--turns", default=60, show_default=True, type=click.IntRange(10, 10_000), help="Agent turns to play before the edit, rewind and compaction.")
 @click.option("--durability", type=click.Choice(["full", "process", "none"]), default="full", show_default=True, help="Sync mode of the demo's log.")
 @click.option("--json", "as_json", is_flag=True, help="Print the report as JSON.")
 def demo(path: str, turns: int, durability: str, as_json: bool) -> None:

@@ -107,9 +107,11 @@ class DemoReport:
             f"   {self.distinct} distinct messages entered the list; {self.appended} were written, each exactly once.",
             f"   {self.noop_flushes} flushes found nothing new and wrote nothing (no write transaction, no fsync).",
             f"   {self.scaffolding_dropped} scaffolding messages (_thinking_prefill) were never stored.",
-            f"2. A tool result that leaked an API key was redacted in place at position {self.edit['position']}:",
-            f"   the flush recorded an 'edit' tombstone for {self.edit['tombstoned']} message(s) and re-linked"
-            f" {self.edit['appended']} ({self.edit['carried']} carried without storing their bodies again).",
+            f"2. A stored tool result that leaked an API key was redacted in place (position {self.edit['position']})."
+            f" The flush tombstoned {self.edit['tombstoned']}",
+            f"   message(s) from there (reason 'edit') and appended {self.edit['appended']}; {self.edit['carried']} of them were"
+            " carried, bodies not stored again",
+            "   (their node digests changed because their parent did). The leaked text stays in the log for audit.",
             f"3. The user undid the last {self.rewind['tombstoned']} messages: a 'rewind' tombstone;"
             f" the conversation went on with {self.rewind['appended_after']} new messages.",
             f"4. Messages 1..{self.compaction['end'] - 1} were replaced by one summary: a 'compaction' tombstone ended"
@@ -171,8 +173,9 @@ def prepare_directory(path: Path) -> None:
 class _Agent:
     """The scripted loop: builds turns and flushes from its exit paths, counting what happens."""
 
-    def __init__(self, log: EventLog, report: DemoReport) -> None:
+    def __init__(self, log: EventLog, report: DemoReport, leak_turn: int) -> None:
         self.log = log
+        self.leak_turn = leak_turn
         self.report = report
         self.messages: list[dict[str, Any]] = [
             {"role": "system", "content": "You are a research assistant. Use tools to look things up; cite what you find."}
@@ -219,7 +222,7 @@ class _Agent:
             }
         )
         result = f"{topic}: {meaning}. (source: handbook, section {number % 7 + 1})"
-        if number == 41:
+        if number == self.leak_turn:
             result += f" Debug header: Authorization: Bearer {SECRET}"
         self.add({"role": "tool", "tool_call_id": lookup, "name": "search_docs", "content": result})
         self.add({"role": "tool", "tool_call_id": calc, "name": "calculator", "content": str(number * 4096)})
@@ -248,11 +251,13 @@ def run_demo(
 ) -> DemoReport:
     """Run the scripted session into directory ``path`` (cleared first if the demo made it).
 
-    The log goes to ``path/log`` and the SQLite projection to ``path/log.sqlite``.
+    ``turns`` (at least 10) is how many turns are played before the edit.  The log goes to ``path/log`` and the SQLite projection to ``path/log.sqlite``.
     ``say`` receives a line as each step starts (for progress output).  Returns the
     :class:`DemoReport`.  Raises ``FileExistsError`` if ``path`` holds anything the demo
     did not create.
     """
+    if turns < 10:
+        raise ValueError(f"the demo needs at least 10 turns, not {turns}")
     started = time.perf_counter()
     say = say or (lambda line: None)
     root = Path(path)
@@ -261,7 +266,7 @@ def run_demo(
     report = DemoReport(str(root), str(log_path), str(db_path), durability)
 
     with EventLog.open(log_path, durability=durability) as log:
-        agent = _Agent(log, report)
+        agent = _Agent(log, report, leak_turn=max(1, turns - 6))
         log.update_session(MAIN, title="Research assistant demo", model="scripted-model-1")
 
         say(f"playing {turns} turns, flushing from {len(EXIT_PATHS)} exit paths")
