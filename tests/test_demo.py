@@ -63,7 +63,7 @@ def test_projection_and_search(demo):
 def test_report_text(demo):
     text = str(demo)
     assert f"{demo.distinct} distinct messages entered the list; {demo.distinct} were written, each exactly once." in text
-    assert "'edit' tombstone" in text and "'rewind' tombstone" in text and "'compaction' tombstone" in text
+    assert "(reason 'edit')" in text and "'rewind' tombstone" in text and "'compaction' tombstone" in text
     assert f"Forked {BRANCH!r}" in text
     assert "verify: ok:" in text
     assert f"eventlog --log {demo.log_path} show {MAIN}" in text
