@@ -82,8 +82,7 @@ def message_for(uid: str) -> dict[str, Any]:
 
 def _send(line: dict[str, Any]) -> None:
     data = (json.dumps(line, separators=(",", ":")) + "\n").encode()
-    # One write(2) of less than PIPE_BUF bytes: the parent never sees half a line.
-    assert len(data) < 4096
+    # One write(2); a line cut short by SIGKILL has no newline and the parent drops it.
     os.write(1, data)
 
 
@@ -106,6 +105,8 @@ def writer_main(cfg: dict[str, Any]) -> int:
         for s in sessions:
             lists[s] = log.messages(s) if s in log else []
             heads[s] = log.head(s)
+            # What this writer resumes from: the parent checks it against what was acknowledged.
+            _send({"t": "hello", "s": s, "u": [m["uid"] for m in lists[s]], "h": heads[s]})
         # A writer killed between its intent and its acknowledgement retries the same
         # append: whether or not it landed, it must be written exactly once.
         for intent in cfg.get("intents", []):
@@ -184,6 +185,7 @@ class Result:
     incarnations: int = 0
     acks: int = 0
     retries: int = 0
+    unacknowledged_commits: int = 0
     messages_acked: int = 0
     messages_checked: int = 0
     sessions: int = 0
@@ -200,7 +202,8 @@ class Result:
 class _Proc:
     """One incarnation of a writer or the projector, with a thread draining its pipe."""
 
-    def __init__(self, argv: list[str], stderr_path: Path) -> None:
+    def __init__(self, argv: list[str], stderr_path: Path, gen: int = 0) -> None:
+        self.gen = gen
         self.stderr = open(stderr_path, "ab")
         self.popen = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=self.stderr, stdin=subprocess.DEVNULL)
         self.lines: list[dict[str, Any]] = []
@@ -276,7 +279,8 @@ def run(
     script = os.path.abspath(__file__)
     sessions = {w: [f"w{w}s{j}" for j in range(sessions_per_writer)] for w in range(writers)}
     pending: dict[int, dict[str, dict[str, Any]]] = {w: {} for w in range(writers)}
-    model: dict[str, list[str | None]] = defaultdict(list)
+    model: dict[str, list[str]] = defaultdict(list)
+    since = {w: 0 for w in range(writers)}  # oldest incarnation whose last call may be unacknowledged
     acked: list[dict[str, Any]] = []
     last_head: dict[str, str | None] = {}
     incarnation = 0
@@ -294,23 +298,47 @@ def run(
             "intents": list(pending[w].values()),
             "ops": ops,
         }
-        return _Proc([sys.executable, script, "--writer", json.dumps(cfg)], workdir / f"writer{w}.err")
+        return _Proc([sys.executable, script, "--writer", json.dumps(cfg)], workdir / f"writer{w}.err", incarnation)
 
     def start_projector() -> _Proc:
         cfg = {"path": str(path), "durability": durability, "db": str(db)}
         return _Proc([sys.executable, script, "--projector", json.dumps(cfg)], workdir / "projector.err")
 
+    def reconcile(w: int, line: dict[str, Any]) -> None:
+        s, found = line["s"], line["u"]
+        want = model[s]
+        if found != want:
+            # Only the last call of a killed writer can have committed without an
+            # acknowledgement: an extension by its new messages, or a rewind to a
+            # prefix plus one new message.  Anything else lost acknowledged messages.
+            def fresh(uids: list[str]) -> bool:
+                return all(u.startswith(s + "|") and int(u.split("|")[1]) >= since[w] and u not in want for u in uids)
+
+            extended = len(found) > len(want) and found[: len(want)] == want and fresh(found[len(want) :])
+            keep = len(found) - 1
+            rewound = 1 <= keep <= len(want) and found[:keep] == want[:keep] and fresh(found[keep:])
+            if not (extended or rewound):
+                result.problems.append(
+                    f"{s}: a restarted writer found {len(found)} messages ending {found[-3:]}, "
+                    f"but {len(want)} ending {want[-3:]} were acknowledged"
+                )
+            result.unacknowledged_commits += 1
+        model[s] = list(found)
+        last_head[s] = line["h"]
+
     def absorb(w: int, proc: _Proc) -> None:
         for line in proc.lines:
             s = line.get("s")
-            if line["t"] == "intent":
+            if line["t"] == "hello":
+                reconcile(w, line)
+            elif line["t"] == "intent":
                 pending[w][s] = line
             elif line["t"] == "ack":
                 pending[w].pop(s, None)
                 p, uids = line["p"], line["u"]
-                chain = model[s][:p]
-                chain += [None] * (p - len(chain))  # committed by a call that died before acknowledging
-                chain += uids
+                if p > len(model[s]):
+                    result.problems.append(f"{s}: acknowledged a write at position {p} after only {len(model[s])} messages")
+                chain = model[s][:p] + uids
                 model[s] = chain
                 if line["n"] != len(chain):
                     result.problems.append(f"{s}: acknowledged length {line['n']} but the model has {len(chain)}")
@@ -319,6 +347,8 @@ def run(
                 result.acks += 1
                 result.retries += line.get("retry", 0)
                 result.messages_acked += len(uids)
+        if any(line["t"] == "hello" for line in proc.lines):
+            since[w] = proc.gen  # everything older is reconciled
 
     procs: dict[int, _Proc] = {w: start_writer(w) for w in range(writers)}
     projector = start_projector() if projection else None
@@ -380,7 +410,7 @@ def _check(
     path: Path,
     durability: str,
     sessions: dict[int, list[str]],
-    model: dict[str, list[str | None]],
+    model: dict[str, list[str]],
     acked: list[dict[str, Any]],
     last_head: dict[str, str | None],
     result: Result,
@@ -396,7 +426,9 @@ def _check(
         appended_where: dict[str, list[tuple[str, int, int]]] = defaultdict(list)
         occurrences: dict[str, dict[tuple[int, str], Any]] = {}
         for s in [s for group in sessions.values() for s in group]:
-            if s not in model:
+            if s not in log:
+                if model.get(s):
+                    problems.append(f"{s}: {len(model[s])} messages were acknowledged but the session is missing")
                 continue
             result.sessions += 1
             history = log.history(s)
@@ -411,9 +443,14 @@ def _check(
             occurrences[s] = index
             live = [m.get("uid") for m in log.messages(s)]
             want = model[s]
-            if len(live) != len(want) or any(w is not None and w != got for w, got in zip(want, live)):
-                first = next((i for i, (w, got) in enumerate(zip(want, live)) if w is not None and w != got), min(len(live), len(want)))
-                problems.append(f"{s}: live transcript differs from the acknowledged one at position {first} (live {len(live)}, acknowledged {len(want)})")
+            if live != want:
+                first = next((i for i, (w, got) in enumerate(zip(want, live)) if w != got), min(len(live), len(want)))
+                problems.append(
+                    f"{s}: live transcript differs from the acknowledged one at position {first} "
+                    f"(live {len(live)}, acknowledged {len(want)}; live has {live[first:first + 3]}, "
+                    f"acknowledged {want[first:first + 3]}; history there: "
+                    f"{[(o.position, o.message.get('uid'), o.seq, o.origin, o.tombstone) for o in history if o.position == first]})"
+                )
             if len(set(live)) != len(live):
                 problems.append(f"{s}: a message appears twice in the live transcript")
             if log.head(s) != last_head.get(s):
