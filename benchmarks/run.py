@@ -1,0 +1,299 @@
+"""Run the whole benchmark suite in one invocation and write the report.
+
+Runs every ``benchmarks/bench_*.py`` scenario (per-turn flush against the peers,
+unchanged re-flush, durable write against bare LMDB, bulk import / replay /
+rebuild, concurrent writers), then writes into ``--out`` (default
+``benchmarks/results/``):
+
+- ``results.json``: every figure, the machine, versions and durability modes;
+- ``report.md``: the tables and where we stand against each target;
+- ``latency.png`` (per-turn latency percentiles per system),
+  ``flush_vs_length.png`` (per-turn cost as the session grows),
+  ``reflush.png`` (unchanged re-flush by session length),
+  ``concurrency.png`` (aggregate rate by writers) -- when matplotlib is installed.
+
+Run it from the repository root (about 10 minutes on 2 cores; ``--quick``: about one)::
+
+    pip install -e '.[bench]'
+    python -m benchmarks.run
+    python -m benchmarks.run --quick --out /tmp/bench
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from benchmarks import bench_bulk, bench_commit, bench_concurrency, bench_flush, bench_reflush
+from benchmarks.harness import RESULTS, SCRATCH, fmt, machine, machine_line, write_json
+
+SCENARIOS = {
+    "flush": bench_flush,
+    "reflush": bench_reflush,
+    "commit": bench_commit,
+    "bulk": bench_bulk,
+    "concurrency": bench_concurrency,
+}
+
+
+def _row(result: dict[str, Any], system: str, **match: Any) -> dict[str, Any] | None:
+    for row in result["rows"]:
+        if row["system"] == system and all(row.get(k) == v for k, v in match.items()):
+            return row
+    return None
+
+
+def _ratio_target(results: dict[str, Any], ours: str, theirs: str, want: float, label: str) -> dict[str, Any]:
+    flush = results.get("flush")
+    a = _row(flush, ours) if flush else None
+    b = _row(flush, theirs) if flush else None
+    if not a or not b:
+        return {"target": label, "status": "not measured", "measured": "-", "detail": f"{ours} or {theirs} was skipped"}
+    got = b["median_ms"] / a["median_ms"]
+    return {
+        "target": label,
+        "status": "met" if got >= want else "missed",
+        "measured": f"{got:.2f}x",
+        "detail": f"{theirs} {fmt(b['median_ms'])} ms / {ours} {fmt(a['median_ms'])} ms (medians)",
+    }
+
+
+def targets(results: dict[str, Any]) -> list[dict[str, Any]]:
+    """Where we stand against each target of the benchmark issue."""
+    ours_full = "eventlog flush [full] +projection"
+    ours_process = "eventlog flush [process] +projection"
+    hermes = "hermes SessionDB (one txn per turn)"
+    es = "eventsourcing (SQLite)"
+    out = [
+        _ratio_target(results, ours_full, hermes, 5, "flush+projection [full] >= 5x faster than hermes SessionDB"),
+        _ratio_target(results, ours_full, es, 1.5, "flush+projection [full] >= 1.5x faster than eventsourcing"),
+        _ratio_target(results, ours_full, "openai-agents SQLiteSession", 1.0, "flush+projection [full] faster than OpenAI SQLiteSession"),
+        _ratio_target(results, ours_process, hermes, 8, "flush+projection [process] >= 8x faster than hermes SessionDB"),
+        _ratio_target(results, ours_process, es, 3, "flush+projection [process] >= 3x faster than eventsourcing"),
+        _ratio_target(results, "eventlog flush [full] +projection+search current", hermes, 3, "end to end (rows and search index current) >= 3x faster than hermes"),
+    ]
+    commit = results.get("commit")
+    if commit:
+        for mode in ("full", "process", "none"):
+            row = _row(commit, "eventlog append", mode=mode)
+            if row:
+                out.append(
+                    {
+                        "target": f"durable 10-message append [{mode}] within 1.5x of a bare py-lmdb commit",
+                        "status": "met" if row["x_bare"] <= 1.5 else "missed",
+                        "measured": f"{row['x_bare']:.2f}x",
+                        "detail": f"{fmt(row['median_ms'])} ms median; {row['x_fsync']:.1f}x a raw fdatasync",
+                    }
+                )
+    reflush = results.get("reflush")
+    if reflush:
+        for size in reflush["sizes"]:
+            row = _row(reflush, "reflush", messages=size)
+            if row and size >= 1000:
+                out.append(
+                    {
+                        "target": f"unchanged re-flush of {size:,} below 0.6x re-hashing all",
+                        "status": "met" if row["ratio"] < 0.6 else "missed",
+                        "measured": f"{row['ratio']:.2f}x",
+                        "detail": f"{fmt(row['median_ms'])} ms median",
+                    }
+                )
+        trust = [r for r in reflush["rows"] if r["system"] == "reflush trust"]
+        if len(trust) > 1:
+            growth = trust[-1]["median_ms"] / trust[0]["median_ms"]
+            sizes = trust[-1]["messages"] / trust[0]["messages"]
+            out.append(
+                {
+                    "target": "unchanged re-flush flat in session length (trust mode)",
+                    "status": "met" if growth <= 2 else "missed",
+                    "measured": f"{growth:.1f}x for {sizes:.0f}x messages",
+                    "detail": f"{fmt(trust[0]['median_ms'])} ms at {trust[0]['messages']:,}, {fmt(trust[-1]['median_ms'])} ms at {trust[-1]['messages']:,}",
+                }
+            )
+    bulk = results.get("bulk")
+    if bulk:
+        for prefix, durability, want, label in (
+            ("bulk import", "none", 250_000, "bulk import >= 250k msg/s (durability none)"),
+            ("replay", "-", 500_000, "replay >= 500k msg/s"),
+            ("projection rebuild", "-", 50_000, "projection rebuild >= 50k rows/s"),
+        ):
+            row = next((r for r in bulk["rows"] if r["system"].startswith(prefix) and r["durability"] == durability), None)
+            if row is None:
+                out.append({"target": label, "status": "not measured", "measured": "-", "detail": "; ".join(bulk["skipped"].values())})
+                continue
+            rate = row["msgs_per_s"]
+            out.append({"target": label, "status": "met" if rate >= want else "missed", "measured": f"{rate:,.0f}/s", "detail": row["system"]})
+    conc = results.get("concurrency")
+    if conc:
+        row = next((r for r in conc["rows"] if r["kind"] == "threads" and r["writers"] == 8), None)
+        if row:
+            out.append(
+                {
+                    "target": "group commit: 8 threads >= 2x one writer's durable flush rate",
+                    "status": "met" if row["x_single"] >= 2 else "missed",
+                    "measured": f"{row['x_single']:.2f}x",
+                    "detail": f"{row['aggregate_msgs_per_s']:,.0f} msgs/s aggregate",
+                }
+            )
+    return out
+
+
+def plots(results: dict[str, Any], out: Path) -> list[str]:
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        print("matplotlib is not installed: no plots (pip install -e '.[bench]')", file=sys.stderr)
+        return []
+    written = []
+    title = machine_line(results["machine"]).split(";")[0]
+    flush = results.get("flush")
+    if flush:
+        rows = flush["rows"]
+        fig, ax = plt.subplots(figsize=(10, 0.42 * len(rows) + 1.8))
+        names = [r["system"] for r in rows]
+        y = range(len(rows))
+        for key, colour, label in (("p99_ms", "#f4c7a1", "p99"), ("p90_ms", "#e8894a", "p90"), ("median_ms", "#a33b20", "median")):
+            ax.barh(list(y), [r[key] for r in rows], color=colour, label=label)
+        ax.set_yticks(list(y), names, fontsize=8)
+        ax.invert_yaxis()
+        ax.set_xscale("log")
+        ax.set_xlabel("latency of one turn's write (ms, log scale)")
+        ax.set_title(f"Per-turn write, 10 msgs/turn to {flush['messages']:,} messages\n{title}", fontsize=9)
+        ax.legend(loc="lower right")
+        fig.tight_layout()
+        fig.savefig(out / "latency.png", dpi=110)
+        plt.close(fig)
+        written.append("latency.png")
+
+        fig, ax = plt.subplots(figsize=(10, 6))
+        lengths = flush["lengths"]
+        window = max(1, len(lengths) // 25)
+        for name, series in flush["series_ns"].items():
+            ms = [s / 1e6 for s in series]
+            xs, ys = [], []
+            for start in range(0, len(ms), window):
+                chunk = sorted(ms[start : start + window])
+                xs.append(lengths[min(start + window, len(lengths)) - 1])
+                ys.append(chunk[len(chunk) // 2])
+            style = "-" if name.startswith("eventlog") else ("--" if name.startswith("floor") else ":")
+            ax.plot(xs, ys, style, label=name, linewidth=1.4)
+        ax.set_yscale("log")
+        ax.set_xlabel("session length (messages)")
+        ax.set_ylabel(f"median write latency per {window} turns (ms, log)")
+        ax.set_title(f"Per-turn write cost as the session grows\n{title}", fontsize=9)
+        ax.legend(fontsize=7, ncol=2)
+        fig.tight_layout()
+        fig.savefig(out / "flush_vs_length.png", dpi=110)
+        plt.close(fig)
+        written.append("flush_vs_length.png")
+    reflush = results.get("reflush")
+    if reflush:
+        fig, ax = plt.subplots(figsize=(8, 5))
+        for variant in ("reflush", "reflush trust", "reflush fresh copies", "rehash all"):
+            rows = [r for r in reflush["rows"] if r["system"] == variant]
+            ax.plot([r["messages"] for r in rows], [r["median_ms"] for r in rows], "o-", label=variant)
+        ax.set_xscale("log")
+        ax.set_yscale("log")
+        ax.set_xlabel("session length (messages)")
+        ax.set_ylabel("median ms per flush of an unchanged list")
+        ax.set_title(f"Unchanged re-flush cost vs session length\n{title}", fontsize=9)
+        ax.legend()
+        fig.tight_layout()
+        fig.savefig(out / "reflush.png", dpi=110)
+        plt.close(fig)
+        written.append("reflush.png")
+    conc = results.get("concurrency")
+    if conc:
+        fig, ax = plt.subplots(figsize=(7, 4.5))
+        for kind, marker in (("threads", "o-"), ("processes", "s--")):
+            rows = [r for r in conc["rows"] if r["kind"] == kind]
+            ax.plot([r["writers"] for r in rows], [r["aggregate_msgs_per_s"] for r in rows], marker, label=kind)
+        ax.set_xlabel("writers (each its own session)")
+        ax.set_ylabel("aggregate messages/s (durability full)")
+        ax.set_ylim(bottom=0)
+        ax.set_title(f"Concurrent flushes\n{title}", fontsize=9)
+        ax.legend()
+        fig.tight_layout()
+        fig.savefig(out / "concurrency.png", dpi=110)
+        plt.close(fig)
+        written.append("concurrency.png")
+    return written
+
+
+def report(results: dict[str, Any], pictures: list[str]) -> str:
+    info = results["machine"]
+    lines = [
+        "# Benchmark report",
+        "",
+        f"Command: `{results['command']}` ({'quick sizes' if results['quick'] else 'full sizes'}), "
+        f"{results['elapsed_s']:.0f} s in all.",
+        "",
+        f"Machine: {machine_line(info)}.",
+        "",
+        "Every system ran in the same invocation, on the same seeded workload (`benchmarks/workload.py`: "
+        "user, assistant with and without tool calls, tool results; 200-2,000 characters; timestamps), "
+        "interleaved turn by turn in shuffled order, in one scratch folder on the repository's disk. "
+        "Ratios compare medians within this run; absolute figures move with the load on a shared machine.",
+        "",
+        "## Targets",
+        "",
+        "| target | measured | status | detail |",
+        "|---|---|---|---|",
+    ]
+    for t in results["targets"]:
+        lines.append(f"| {t['target']} | {t['measured']} | **{t['status']}** | {t['detail']} |")
+    for name, module in SCENARIOS.items():
+        if name in results:
+            lines += ["", f"## {module.__name__.split('.')[-1]}", "", module.render(results[name])]
+    if "flush" in results:
+        lines += ["", "Durability of each system in the per-turn table:", ""]
+        for row in results["flush"]["rows"]:
+            lines.append(f"- {row['system']}: {row['durability']}")
+    if pictures:
+        lines += ["", "## Plots", ""] + [f"![{p}]({p})" for p in pictures]
+    return "\n".join(lines) + "\n"
+
+
+def main(argv: list[str] | None = None) -> dict[str, Any]:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--quick", action="store_true", help="small sizes (about a minute); not a reference run")
+    p.add_argument("--out", type=Path, default=RESULTS, help="where to write results.json, report.md and the plots")
+    p.add_argument("--scratch", type=Path, default=SCRATCH, help="where to create databases (a real disk, not tmpfs)")
+    p.add_argument("--only", nargs="*", choices=sorted(SCENARIOS), help="run only these scenarios")
+    args = p.parse_args(argv)
+    args.out.mkdir(parents=True, exist_ok=True)
+    began = time.monotonic()
+    results: dict[str, Any] = {
+        "command": "python -m benchmarks.run" + (" --quick" if args.quick else "") + (f" --only {' '.join(args.only)}" if args.only else ""),
+        "quick": args.quick,
+        "machine": machine(args.scratch),
+    }
+    print(machine_line(results["machine"]), flush=True)
+    for name, module in SCENARIOS.items():
+        if args.only and name not in args.only:
+            continue
+        t0 = time.monotonic()
+        print(f"\n== {name} ...", flush=True)
+        results[name] = module.run(quick=args.quick, scratch_dir=args.scratch)
+        print(module.render(results[name]))
+        print(f"({time.monotonic() - t0:.0f} s)", flush=True)
+    results["elapsed_s"] = time.monotonic() - began
+    results["targets"] = targets(results)
+    pictures = plots(results, args.out)
+    write_json(args.out / "results.json", results)
+    text = report(results, pictures)
+    (args.out / "report.md").write_text(text)
+    print("\n" + "\n".join(f"{t['status']:>12}  {t['measured']:>22}  {t['target']}" for t in results["targets"]))
+    print(f"\nwrote {args.out / 'report.md'}, results.json and {len(pictures)} plots", file=sys.stderr)
+    return results
+
+
+if __name__ == "__main__":
+    main()
