@@ -498,10 +498,10 @@ def _project(db: str | None, *, rebuild: bool, as_json: bool) -> None:
 
 
 @cli.command()
-@click.argument("db", required=False, metavar="[DB]")
+@click.argument("db", required=False, metavar="[DB]", envvar="EVENTLOG_DB")
 @click.option("--json", "as_json", is_flag=True, help="Print the outcome as JSON.")
 def project(db: str | None, as_json: bool) -> None:
-    """Bring the SQLite projection DB up to date with the log (default: LOG.sqlite).
+    """Bring the SQLite projection DB up to date with the log (default: $EVENTLOG_DB, else LOG.sqlite).
 
     Applies only the events after the projection's checkpoint; refuses a DB that
     projects another log.
@@ -510,10 +510,10 @@ def project(db: str | None, as_json: bool) -> None:
 
 
 @cli.command()
-@click.argument("db", required=False, metavar="[DB]")
+@click.argument("db", required=False, metavar="[DB]", envvar="EVENTLOG_DB")
 @click.option("--json", "as_json", is_flag=True, help="Print the outcome as JSON.")
 def rebuild(db: str | None, as_json: bool) -> None:
-    """Re-project the whole log into DB from the first event (default: LOG.sqlite).
+    """Re-project the whole log into DB from the first event (default: $EVENTLOG_DB, else LOG.sqlite).
 
     Replaces whatever DB held, even a projection of another log, in one transaction.
     """
