@@ -192,7 +192,9 @@ class EventLog:
             return self._store.last_seq(txn)
 
     def info(self) -> dict[str, Any]:
-        """Sizes and counts: events, sessions, map size and bytes used on disk."""
+        """Sizes and counts: events, sessions, map size, bytes used on disk, and the
+        write transactions this process committed (``commits``) for how many writes
+        (``writes``; more writes than commits means group commit merged them)."""
         store = self._store
         with store.read() as txn:
             last = store.last_seq(txn)
@@ -209,6 +211,8 @@ class EventLog:
             "map_size": info["map_size"],
             "used_bytes": (info["last_pgno"] + 1) * stat["psize"],
             "file_bytes": os.path.getsize(data) if os.path.exists(data) else 0,
+            "commits": store.commits,
+            "writes": store.grouped_writes,
         }
 
     # -- writing ---------------------------------------------------------------

@@ -181,6 +181,11 @@ class Store:
         # In-process coordination: one writer at a time, and no transaction open
         # while the map is resized (LMDB requires that of set_mapsize).
         self._write_lock = threading.Lock()
+        self._queue_lock = threading.Lock()
+        self._queue: list[_Request] = []
+        self.max_group = 64
+        self.commits = 0  # write transactions committed by this process
+        self.grouped_writes = 0  # writes those commits carried
         self._cond = threading.Condition()
         self._active = 0
         self._resizing = False
@@ -273,41 +278,110 @@ class Store:
             self._resize(0)
 
     def write(self, body: Callable[[lmdb.Transaction], T]) -> T:
-        """Run ``body(txn)`` in one write transaction and commit it.
+        """Run ``body(txn)`` in a write transaction, commit it, and return its result.
 
-        All of it lands or none of it does.  When the map is full the transaction is
-        aborted, the map grown and ``body`` run again, so ``body`` must not have
-        side effects outside the transaction.
+        All of ``body`` lands or none of it does, and this returns only after the
+        commit that holds it (synced as the durability mode says).  ``body`` must not
+        have side effects outside the transaction: it may run more than once.
+
+        Group commit: writes that arrive from other threads while a commit is in
+        flight wait, and the next writer commits all of them in one LMDB transaction
+        (one sync for the group), each in its own nested transaction, so a body that
+        raises fails its own caller alone and leaves nothing behind.
         """
-        with self._write_lock:
-            while True:
-                with self._slot():
+        request = _Request(body)
+        with self._queue_lock:
+            self._queue.append(request)
+        while True:
+            with self._write_lock:
+                if not request.done:
+                    with self._queue_lock:
+                        group = self._queue[: self.max_group]
+                        del self._queue[: self.max_group]
+                    self._commit_group(group)
+            if request.done:
+                break
+        if request.error is not None:
+            raise request.error
+        return request.result  # type: ignore[return-value]
+
+    def _commit_group(self, group: list[_Request]) -> None:
+        """Run every request of ``group`` in one write transaction and commit once."""
+        while True:
+            with self._slot():
+                try:
+                    txn = self.env.begin(write=True)
+                except lmdb.MapResizedError:
+                    txn = None
+                except lmdb.Error as e:
+                    _fail(group, translate(e, self.path))
+                    return
+                grow_to = 0
+                if txn is not None:
                     try:
-                        txn = self.env.begin(write=True)
-                    except lmdb.MapResizedError:
-                        txn = None
-                    except lmdb.Error as e:
-                        raise translate(e, self.path) from e
-                    if txn is not None:
-                        self._pending_tail = None
+                        self._run_group(txn, group)
+                        txn.commit()
+                    except _BodyFailed:
+                        txn.abort()
+                        group[0].done = True
+                        return
+                    except lmdb.MapFullError:
+                        txn.abort()
                         try:
-                            result = body(txn)
-                            txn.commit()
-                            if self._pending_tail is not None:
-                                self._tail = self._pending_tail
-                            return result
-                        except lmdb.MapFullError:
-                            txn.abort()
                             grow_to = self._next_size()
-                        except lmdb.Error as e:
-                            txn.abort()
-                            raise translate(e, self.path) from e
-                        except BaseException:
-                            txn.abort()
-                            raise
+                        except StorageFullError as e:
+                            _fail(group, e)
+                            return
+                    except lmdb.Error as e:
+                        txn.abort()
+                        _fail(group, translate(e, self.path))
+                        return
+                    except BaseException as e:
+                        txn.abort()
+                        _fail(group, e)
+                        raise
                     else:
-                        grow_to = 0
-                self._resize(grow_to)
+                        if self._pending_tail is not None:
+                            self._tail = self._pending_tail
+                        self.commits += 1
+                        self.grouped_writes += len(group)
+                        for request in group:
+                            request.done = True
+                        return
+            self._resize(grow_to)
+
+    def _run_group(self, txn: lmdb.Transaction, group: list[_Request]) -> None:
+        self._pending_tail = None
+        if len(group) == 1:
+            # Alone: the body's failure aborts the whole (single-caller) transaction.
+            request = group[0]
+            request.error = None
+            try:
+                request.result = request.body(txn)
+            except lmdb.Error:
+                raise
+            except Exception as e:
+                request.error = e
+                raise _BodyFailed from e
+            return
+        for request in group:
+            request.error = None
+            before = self._pending_tail
+            child = self.env.begin(write=True, parent=txn)
+            try:
+                request.result = request.body(child)
+                child.commit()
+            except lmdb.MapFullError:
+                child.abort()
+                raise
+            except lmdb.Error as e:
+                child.abort()
+                request.error = translate(e, self.path)
+                self._pending_tail = before
+            except Exception as e:
+                child.abort()
+                request.error = e
+                self._pending_tail = before
 
     def _next_size(self) -> int:
         current = self.env.info()["map_size"]
@@ -330,12 +404,12 @@ class Store:
         if not cursor.last():
             return 0, bytes(32)
         seq = SEQ.unpack(cursor.key())[0]
-        cached_seq, cached_hash = self._tail
-        if seq == cached_seq:
-            return seq, cached_hash
-        digest = event_hash(seq, cursor.value())
-        self._tail = (seq, digest)
-        return seq, digest
+        # The open write transaction's own last event, else the last committed one
+        # this process knows; anything else (another process wrote) is hashed afresh.
+        for known in (self._pending_tail, self._tail):
+            if known is not None and known[0] == seq:
+                return known
+        return seq, event_hash(seq, cursor.value())
 
     def last_seq(self, txn: lmdb.Transaction) -> int:
         cursor = txn.cursor(db=self.events)
@@ -386,6 +460,28 @@ class Store:
         except Exception as e:
             raise CorruptLogError(f"{self.path}: event {seq} cannot be decoded ({e})") from e
         return Record(seq, t, kind, prev, event_hash(seq, raw), event)
+
+
+class _Request:
+    """A write waiting for (or done by) a group commit."""
+
+    __slots__ = ("body", "done", "result", "error")
+
+    def __init__(self, body: Callable[[lmdb.Transaction], object]) -> None:
+        self.body = body
+        self.done = False
+        self.result: object = None
+        self.error: BaseException | None = None
+
+
+class _BodyFailed(Exception):
+    """A lone request's body raised; its error is on the request."""
+
+
+def _fail(group: list[_Request], error: BaseException) -> None:
+    for request in group:
+        request.error = error
+        request.done = True
 
 
 def event_hash(seq: int, raw: bytes) -> bytes:

@@ -1,0 +1,145 @@
+"""Group commit: concurrent writes share one LMDB transaction, each keeps its contract."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import pytest
+
+from eventlog import EMPTY_HEAD, ConflictError, EventLog, HistoryMismatchError, events
+from factories import assistant, user
+
+
+def run_grouped(log: EventLog, calls):
+    """Start every call in its own thread while the write lock is held, so they merge in order."""
+    store = log._store
+    results: dict[int, object] = {}
+
+    def run(i, call):
+        try:
+            results[i] = call()
+        except Exception as e:
+            results[i] = e
+
+    threads = [threading.Thread(target=run, args=(i, c)) for i, c in enumerate(calls)]
+    commits = store.commits
+    with store._write_lock:
+        for n, t in enumerate(threads, 1):
+            t.start()  # one at a time, so the queue order is the call order
+            deadline = time.monotonic() + 10
+            while len(store._queue) < n and time.monotonic() < deadline:
+                time.sleep(0.001)
+            assert len(store._queue) == n, "writer did not queue up"
+    for t in threads:
+        t.join(10)
+    return [results[i] for i in range(len(calls))], store.commits - commits
+
+
+def test_concurrent_writes_merge_into_one_commit(log):
+    calls = [lambda i=i: log.flush(f"s{i}", [user(f"q{i}"), assistant(f"a{i}")]) for i in range(8)]
+    results, commits = run_grouped(log, calls)
+    assert commits == 1
+    assert all(r.appended == 2 for r in results)
+    for i in range(8):
+        assert log.messages(f"s{i}") == [user(f"q{i}"), assistant(f"a{i}")]
+    assert log.verify().ok
+
+
+def test_a_failing_write_fails_its_caller_alone(log):
+    log.flush("taken", [user("q"), assistant("a")])
+    seq = log.last_seq
+    calls = [
+        lambda: log.flush("ok1", [user("1")]),
+        lambda: log.flush("taken", [user("different")]),  # no common prefix
+        lambda: log.flush("ok2", [user("2")], expected_head=EMPTY_HEAD),
+        lambda: log.flush("taken", [user("q"), assistant("a"), user("more")], expected_head=EMPTY_HEAD),
+        lambda: log.flush("ok3", [user("3")]),
+    ]
+    results, commits = run_grouped(log, calls)
+    assert commits == 1
+    assert isinstance(results[1], HistoryMismatchError)
+    assert isinstance(results[3], ConflictError)
+    assert [r.appended for i, r in enumerate(results) if i in (0, 2, 4)] == [1, 1, 1]
+    assert log.messages("taken") == [user("q"), assistant("a")]
+    # each successful flush is whole and contiguous: open + append per new session
+    new = [r for r in log.events(after=seq)]
+    assert [r.seq for r in new] == list(range(seq + 1, seq + 7))
+    assert [type(r.event).__name__ for r in new] == ["SessionOpened", "MessagesAppended"] * 3
+    assert log.verify().ok
+
+
+def test_expected_head_and_dedup_inside_one_group(log):
+    base = log.flush("s", [user("q")])
+    longer = [user("q"), assistant("a")]
+    calls = [
+        lambda: log.flush("s", longer, expected_head=base.head),
+        lambda: log.flush("s", longer, expected_head=base.head),  # same list again: already stored
+        lambda: log.flush("s", [user("q"), assistant("other")], expected_head=base.head),  # stale head
+        lambda: log.append("s", [user("retry")], expected_head=base.head),  # stale head, not a retry
+    ]
+    results, commits = run_grouped(log, calls)
+    assert commits == 1
+    assert results[0].appended == 1
+    assert results[1].appended == 0 and results[1].head == results[0].head
+    assert isinstance(results[2], ConflictError)
+    assert isinstance(results[3], ConflictError)
+    assert log.messages("s") == longer
+    appended = [r.event for r in log.events() if isinstance(r.event, events.MessagesAppended)]
+    assert sum(len(e) for e in appended) == 2
+
+
+def test_map_growth_during_a_group_retries_every_write(tmp_path):
+    with EventLog.open(tmp_path / "l", map_size=1 << 20) as log:
+        big = "x" * 50_000
+        calls = [lambda i=i: log.flush(f"s{i}", [user(big + str(j)) for j in range(10)]) for i in range(6)]
+        results, _ = run_grouped(log, calls)
+        assert all(r.appended == 10 for r in results)
+        assert log.info()["map_size"] > 1 << 20
+        assert log.verify().ok
+
+
+@pytest.mark.parametrize("threads", [8])
+def test_many_threads_many_flushes(tmp_path, threads):
+    with EventLog.open(tmp_path / "l", durability="process") as log:
+        before = log.info()
+
+        def worker(k):
+            messages = []
+            for turn in range(20):
+                messages += [user(f"{k}:{turn}"), assistant(f"{k}:{turn}")]
+                log.flush(f"s{k}", messages)
+
+        pool = [threading.Thread(target=worker, args=(k,)) for k in range(threads)]
+        for t in pool:
+            t.start()
+        for t in pool:
+            t.join()
+        info = log.info()
+        assert info["writes"] - before["writes"] == threads * 20
+        assert info["commits"] - before["commits"] <= threads * 20
+        for k in range(threads):
+            assert len(log.messages(f"s{k}")) == 40
+        assert log.verify().ok
+
+
+def test_a_body_that_fails_after_writing_leaves_nothing(log):
+    store = log._store
+
+    def writes(key: bytes, fail: bool):
+        def body(txn):
+            txn.put(key, b"v", db=store.meta)
+            if fail:
+                raise ValueError("bad batch")
+            return key
+
+        return lambda: store.write(body)
+
+    results, commits = run_grouped(log, [writes(b"t1", False), writes(b"t2", True), writes(b"t3", False)])
+    assert commits == 1
+    assert results[0] == b"t1" and results[2] == b"t3"
+    assert isinstance(results[1], ValueError)
+    with store.read() as txn:
+        assert txn.get(b"t1", db=store.meta) == b"v"
+        assert txn.get(b"t2", db=store.meta) is None
+        assert txn.get(b"t3", db=store.meta) == b"v"
