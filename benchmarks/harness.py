@@ -70,6 +70,23 @@ def _filesystem(path: Path) -> str:
         return "unknown"
 
 
+def product_commit() -> str:
+    """The commit of the measured ``eventlog``/``projections`` code (``BENCH_COMMIT`` overrides), ``+dirty`` if edited."""
+    import subprocess
+
+    import eventlog
+
+    if os.environ.get("BENCH_COMMIT"):
+        return os.environ["BENCH_COMMIT"]
+    where = Path(eventlog.__file__).resolve().parent.parent
+    try:
+        commit = subprocess.run(["git", "-C", str(where), "rev-parse", "--short", "HEAD"], capture_output=True, text=True, check=True).stdout.strip()
+        dirty = subprocess.run(["git", "-C", str(where), "status", "--porcelain", "eventlog", "projections"], capture_output=True, text=True, check=True).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        return "unknown"
+    return commit + ("+dirty" if dirty else "")
+
+
 def machine(scratch: Path = SCRATCH) -> dict[str, Any]:
     """Cores, CPU, OS, Python, SQLite, library versions and the scratch filesystem."""
     import sqlite3
@@ -85,6 +102,7 @@ def machine(scratch: Path = SCRATCH) -> dict[str, Any]:
         "lmdb_c": ".".join(map(str, lmdb.version())),
         "versions": {name: version(name) for name in DISTRIBUTIONS},
         "filesystem": _filesystem(scratch if scratch.exists() else scratch.parent),
+        "product_commit": product_commit(),
         "date": time.strftime("%Y-%m-%d %H:%M:%S %z"),
     }
 
@@ -93,7 +111,7 @@ def machine_line(info: dict[str, Any]) -> str:
     versions = ", ".join(f"{k} {v}" for k, v in info["versions"].items() if v)
     return (
         f"{info['cores']} cores ({info['cpu']}), {info['os']}, {info['python']}, SQLite {info['sqlite']}, "
-        f"LMDB {info['lmdb_c']}; {versions}; scratch: {info['filesystem']}"
+        f"LMDB {info['lmdb_c']}; {versions} (commit {info.get('product_commit', 'unknown')}); scratch: {info['filesystem']}"
     )
 
 
