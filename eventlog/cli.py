@@ -501,10 +501,10 @@ def _project(db: str | None, *, rebuild: bool, as_json: bool) -> None:
 @click.argument("db", required=False, metavar="[DB]", envvar="EVENTLOG_DB")
 @click.option("--json", "as_json", is_flag=True, help="Print the outcome as JSON.")
 def project(db: str | None, as_json: bool) -> None:
-    """Bring the SQLite projection DB up to date with the log (default: $EVENTLOG_DB, else LOG.sqlite).
+    """Bring the SQLite projection DB up to date with the log.
 
-    Applies only the events after the projection's checkpoint; refuses a DB that
-    projects another log.
+    DB defaults to $EVENTLOG_DB, else the log path plus .sqlite. Applies only the events
+    after the projection's checkpoint; refuses a DB that projects another log.
     """
     _project(db, rebuild=False, as_json=as_json)
 
@@ -513,9 +513,10 @@ def project(db: str | None, as_json: bool) -> None:
 @click.argument("db", required=False, metavar="[DB]", envvar="EVENTLOG_DB")
 @click.option("--json", "as_json", is_flag=True, help="Print the outcome as JSON.")
 def rebuild(db: str | None, as_json: bool) -> None:
-    """Re-project the whole log into DB from the first event (default: $EVENTLOG_DB, else LOG.sqlite).
+    """Re-project the whole log into DB, from the first event.
 
-    Replaces whatever DB held, even a projection of another log, in one transaction.
+    DB defaults to $EVENTLOG_DB, else the log path plus .sqlite. Replaces whatever DB
+    held, even a projection of another log, in one transaction.
     """
     _project(db, rebuild=True, as_json=as_json)
 
