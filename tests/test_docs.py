@@ -42,9 +42,13 @@ def commands() -> list[str]:
 
 @pytest.mark.parametrize("page", [p for p in PAGES if python_blocks(p)], ids=lambda p: p.name)
 def test_python_examples_run(page, tmp_path, monkeypatch):
-    """The blocks of a page run in order, in one namespace, in an empty working directory."""
+    """The blocks of a page run in order, in one namespace, in an empty working directory.
+
+    Examples write to relative paths, or under ``tmp`` (a temporary directory they may use
+    without defining it).
+    """
     monkeypatch.chdir(tmp_path)
-    namespace: dict[str, object] = {"__name__": f"docs_{page.stem}"}
+    namespace: dict[str, object] = {"__name__": f"docs_{page.stem}", "tmp": str(tmp_path)}
     for number, block in enumerate(python_blocks(page), start=1):
         code = compile(block, f"{page.name} (python example {number})", "exec")
         exec(code, namespace)  # noqa: S102 - the point of the test
