@@ -108,8 +108,13 @@ CREATE VIEW live_messages AS SELECT * FROM messages WHERE tombstone_seq IS NULL;
 CREATE VIRTUAL TABLE messages_fts USING fts5 (
     content, tool_text,
     content = 'live_messages', content_rowid = 'id',
-    tokenize = 'porter unicode61 remove_diacritics 2'
+    tokenize = 'unicode61 remove_diacritics 2'
 );
+-- FTS5 flushes its in-memory term hash to a new segment whenever it exceeds
+-- 'hashsize' (1 MiB by default); in a bulk transaction a larger hash means
+-- fewer, larger segments and far less merging (about 3x faster indexing).
+-- Small transactions are unaffected: the hash is flushed at every commit.
+INSERT INTO messages_fts (messages_fts, rank) VALUES ('hashsize', 67108864);
 """
 
 OBJECTS: Final = ("messages_fts", "live_messages", "messages", "sessions", "checkpoint")

@@ -199,8 +199,11 @@ class SQLiteProjection:
         try:
             return self._rows(sql, params)
         except ProjectionError as e:
-            if isinstance(e.__cause__, sqlite3.OperationalError) and "fts5" in str(e.__cause__):
-                raise InvalidQueryError(f"search query {query!r}: {e.__cause__}") from e.__cause__
+            cause = e.__cause__
+            # A malformed MATCH expression is a plain SQLITE_ERROR; busy, locked or I/O
+            # errors have codes of their own and stay ProjectionErrors.
+            if isinstance(cause, sqlite3.OperationalError) and getattr(cause, "sqlite_errorcode", None) == 1:
+                raise InvalidQueryError(f"search query {query!r}: {cause}") from cause
             raise
 
     def sessions(self) -> list[dict[str, Any]]:

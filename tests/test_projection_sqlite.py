@@ -1,0 +1,596 @@
+"""The SQLite projection: schema, exactly-once catch-up, rows, overrides, sessions and search."""
+
+from __future__ import annotations
+
+import json
+import re
+import sqlite3
+import threading
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from eventlog import EventLog, EventLogError
+from projections import (
+    InvalidQueryError,
+    LogMismatchError,
+    ProjectionCorruptError,
+    ProjectionError,
+    SchemaVersionError,
+    SQLiteProjection,
+)
+from projections import schema
+
+DOCS = Path(__file__).resolve().parent.parent / "docs" / "projection.md"
+
+
+def dump(path: Path | str) -> dict[str, list[tuple[Any, ...]]]:
+    """Every table's rows in key order, and the search index's logical content."""
+    db = sqlite3.connect(path)
+    try:
+        out = {
+            "checkpoint": db.execute("SELECT * FROM checkpoint").fetchall(),
+            "sessions": db.execute("SELECT * FROM sessions ORDER BY id").fetchall(),
+            "messages": db.execute("SELECT * FROM messages ORDER BY id").fetchall(),
+            "user_version": db.execute("PRAGMA user_version").fetchall(),
+        }
+        db.execute("CREATE VIRTUAL TABLE temp.vocab USING fts5vocab(main, messages_fts, instance)")
+        out["fts"] = db.execute("SELECT * FROM temp.vocab ORDER BY term, doc, col, offset").fetchall()
+        return out
+    finally:
+        db.close()
+
+
+def user(text: str, **extra: Any) -> dict[str, Any]:
+    return {"role": "user", "content": text, **extra}
+
+
+def assistant(text: str | None, **extra: Any) -> dict[str, Any]:
+    return {"role": "assistant", "content": text, **extra}
+
+
+@pytest.fixture
+def log(tmp_path: Path):
+    with EventLog.open(tmp_path / "log", durability="none") as opened:
+        yield opened
+
+
+@pytest.fixture
+def proj(tmp_path: Path):
+    projection = SQLiteProjection(tmp_path / "transcript.db", search_lag=0)
+    yield projection
+    projection.close()
+
+
+def wire(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    return [json.loads(row["message"]) for row in rows]
+
+
+# -- schema ---------------------------------------------------------------------
+
+
+def test_new_database_has_current_schema_in_wal_mode(tmp_path: Path) -> None:
+    SQLiteProjection(tmp_path / "p.db").close()
+    db = sqlite3.connect(tmp_path / "p.db")
+    assert db.execute("PRAGMA user_version").fetchone()[0] == schema.VERSION
+    assert db.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
+    names = {row[0] for row in db.execute("SELECT name FROM sqlite_master")}
+    assert {"checkpoint", "sessions", "messages", "live_messages", "messages_fts", "messages_live"} <= names
+    assert db.execute("SELECT log_id, last_seq, indexed_upto FROM checkpoint").fetchall() == [(None, 0, 0)]
+
+
+def test_newer_schema_is_refused(tmp_path: Path) -> None:
+    SQLiteProjection(tmp_path / "p.db").close()
+    db = sqlite3.connect(tmp_path / "p.db")
+    db.execute(f"PRAGMA user_version = {schema.VERSION + 1}")
+    db.close()
+    with pytest.raises(SchemaVersionError, match="newer"):
+        SQLiteProjection(tmp_path / "p.db")
+
+
+def test_sql_migration_runs_once_and_keeps_rows(tmp_path: Path, log: EventLog, monkeypatch: pytest.MonkeyPatch) -> None:
+    log.flush("s", [user("hello")])
+    with SQLiteProjection(tmp_path / "p.db") as first:
+        first.catch_up(log)
+    monkeypatch.setattr(schema, "VERSION", schema.VERSION + 1)
+    monkeypatch.setitem(schema.MIGRATIONS, schema.VERSION, "ALTER TABLE sessions ADD COLUMN note TEXT;")
+    with SQLiteProjection(tmp_path / "p.db") as migrated:
+        assert migrated.catch_up(log) == 0  # the rows and checkpoint survived
+        assert migrated.sessions()[0]["note"] is None
+        assert [r["content"] for r in migrated.messages("s")] == ["hello"]
+    with SQLiteProjection(tmp_path / "p.db") as again:  # already at the new version: nothing runs twice
+        assert again.sessions()[0]["note"] is None
+    assert sqlite3.connect(tmp_path / "p.db").execute("PRAGMA user_version").fetchone()[0] == schema.VERSION
+
+
+def test_reproject_migration_resets_and_catch_up_rebuilds(tmp_path: Path, log: EventLog, monkeypatch: pytest.MonkeyPatch) -> None:
+    log.flush("s", [user("hello"), assistant("hi")])
+    with SQLiteProjection(tmp_path / "p.db") as first:
+        first.catch_up(log)
+    before = dump(tmp_path / "p.db")
+    monkeypatch.setattr(schema, "VERSION", schema.VERSION + 1)
+    monkeypatch.setitem(schema.MIGRATIONS, schema.VERSION, schema.REPROJECT)
+    with SQLiteProjection(tmp_path / "p.db") as migrated:
+        assert migrated.messages("s") == []
+        assert migrated.catch_up(log) == log.last_seq
+    after = dump(tmp_path / "p.db")
+    assert after.pop("user_version") != before.pop("user_version")
+    assert after == before
+
+
+# -- exactly-once catch-up ----------------------------------------------------------
+
+
+def test_catch_up_counts_events_and_is_idempotent(log: EventLog, proj: SQLiteProjection) -> None:
+    log.flush("s", [user("a"), assistant("b")])
+    assert proj.catch_up(log) == log.last_seq
+    assert proj.catch_up(log) == 0
+    log.flush("s", [user("a"), assistant("b"), user("c")])
+    assert proj.catch_up(log) == 1
+    assert proj.last_seq == log.last_seq
+    assert len(proj.messages("s")) == 3
+
+
+def test_attached_projection_reads_its_writes(tmp_path: Path) -> None:
+    proj = SQLiteProjection(tmp_path / "p.db")
+    with EventLog.open(tmp_path / "log", projections=[proj]) as log:
+        log.flush("s", [user("one")])
+        assert [r["content"] for r in proj.messages("s")] == ["one"]
+        log.flush("s", [user("one"), assistant("two")])
+        assert [r["content"] for r in proj.messages("s")] == ["one", "two"]
+        assert [h["content"] for h in proj.search("two")] == ["two"]
+    proj.close()
+
+
+def test_projection_of_another_log_is_refused(tmp_path: Path, log: EventLog, proj: SQLiteProjection) -> None:
+    log.flush("s", [user("a")])
+    proj.catch_up(log)
+    with EventLog.open(tmp_path / "other") as other:
+        other.flush("s", [user("b")])
+        with pytest.raises(LogMismatchError, match=other.id) as info:
+            proj.catch_up(other)
+        assert isinstance(info.value, EventLogError)
+        assert [r["content"] for r in proj.messages("s")] == ["a"]
+        assert proj.rebuild(other) == other.last_seq  # on purpose: adopt the other log
+        assert [r["content"] for r in proj.messages("s")] == ["b"]
+        with pytest.raises(LogMismatchError):
+            proj.catch_up(log)
+
+
+def test_an_empty_other_log_is_refused_too(tmp_path: Path, log: EventLog, proj: SQLiteProjection) -> None:
+    log.flush("s", [user("a")])
+    proj.catch_up(log)
+    with EventLog.open(tmp_path / "other") as other, pytest.raises(LogMismatchError):
+        proj.catch_up(other)
+
+
+class Interleaved:
+    """A log whose event stream lets another projection catch up after the first event read."""
+
+    def __init__(self, log: EventLog, other: SQLiteProjection) -> None:
+        self.log = log
+        self.other = other
+        self.id = log.id
+
+    def events(self, after: int = 0):
+        for i, record in enumerate(self.log.events(after)):
+            if i == 1:
+                self.other.catch_up(self.log)  # another process applies everything meanwhile
+            yield record
+
+
+def test_concurrent_catch_up_applies_each_event_once(tmp_path: Path, log: EventLog) -> None:
+    for turn in range(5):
+        log.flush("s", [user(f"m{i}") for i in range(turn + 1)])
+    a = SQLiteProjection(tmp_path / "p.db", batch=2)
+    b = SQLiteProjection(tmp_path / "p.db")
+    applied = a.catch_up(Interleaved(log, b))
+    assert applied < log.last_seq  # a skipped what b had applied
+    assert a.catch_up(log) == 0 and b.catch_up(log) == 0
+    a.close(), b.close()
+    with SQLiteProjection(tmp_path / "rebuilt.db") as fresh:
+        fresh.rebuild(log)
+    assert dump(tmp_path / "p.db") == dump(tmp_path / "rebuilt.db")
+
+
+def test_threads_catching_up_one_file(tmp_path: Path, log: EventLog) -> None:
+    for turn in range(30):
+        log.flush(f"s{turn % 3}", [user(f"m{i}") for i in range(turn // 3 + 1)])
+    projections = [SQLiteProjection(tmp_path / "p.db", batch=3) for _ in range(4)]
+    counts: list[int] = []
+    threads = [threading.Thread(target=lambda p=p: counts.append(p.catch_up(log))) for p in projections]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert sum(counts) == log.last_seq
+    for p in projections:
+        p.close()
+    with SQLiteProjection(tmp_path / "rebuilt.db") as fresh:
+        fresh.rebuild(log)
+    assert dump(tmp_path / "p.db") == dump(tmp_path / "rebuilt.db")
+
+
+class Failing:
+    """A log whose event stream breaks after ``n`` events (a crash in the middle of a batch)."""
+
+    def __init__(self, log: EventLog, n: int) -> None:
+        self.log, self.n, self.id = log, n, log.id
+
+    def events(self, after: int = 0):
+        for i, record in enumerate(self.log.events(after)):
+            if i == self.n:
+                raise OSError("simulated crash")
+            yield record
+
+
+def test_failed_batch_rolls_back_with_its_checkpoint(tmp_path: Path, log: EventLog) -> None:
+    for turn in range(6):
+        log.flush("s", [user(f"m{i}") for i in range(turn + 1)])
+    proj = SQLiteProjection(tmp_path / "p.db", batch=4)
+    with pytest.raises(OSError):
+        proj.catch_up(Failing(log, 6))
+    # Whole batches committed, the broken one left nothing behind.
+    assert proj.last_seq == 4  # the session was opened, then three flushes
+    assert len(proj.messages("s")) == 3
+    proj.catch_up(log)
+    proj.close()
+    with SQLiteProjection(tmp_path / "rebuilt.db") as fresh:
+        fresh.rebuild(log)
+    assert dump(tmp_path / "p.db") == dump(tmp_path / "rebuilt.db")
+
+
+def test_rows_disagreeing_with_events_are_reported_and_rebuild_repairs(tmp_path: Path, log: EventLog, proj: SQLiteProjection) -> None:
+    log.flush("s", [user("a"), assistant("b")])
+    proj.catch_up(log)
+    db = sqlite3.connect(tmp_path / "transcript.db")
+    db.execute("DELETE FROM messages WHERE position = 1")
+    db.commit()
+    db.close()
+    log.rewind("s", to=1)
+    with pytest.raises(ProjectionCorruptError):
+        proj.catch_up(log)
+    proj.rebuild(log)
+    assert wire(proj.messages("s")) == log.messages("s")
+
+
+def test_rebuild_equals_incremental(tmp_path: Path, log: EventLog) -> None:
+    inc = SQLiteProjection(tmp_path / "inc.db", search_lag=3)
+    msgs = [user("alpha"), assistant("beta")]
+    log.flush("s", msgs)
+    inc.catch_up(log)
+    log.flush("s", msgs + [user("gamma")], overrides={2: {"content": "GAMMA"}})
+    inc.catch_up(log)
+    log.fork("s", "t", at=2)
+    log.compact("s", start=0, end=2, summary=[user("summary")])
+    inc.catch_up(log)
+    log.update_session("t", title="fork", cost_usd=0.25)
+    log.close_session("t", reason="done")
+    inc.catch_up(log)
+    inc.close()
+    with SQLiteProjection(tmp_path / "full.db") as full:
+        full.rebuild(log)
+    assert dump(tmp_path / "inc.db") == dump(tmp_path / "full.db")
+
+
+def test_rebuild_is_one_transaction(tmp_path: Path, log: EventLog, proj: SQLiteProjection) -> None:
+    log.flush("s", [user("old")])
+    proj.catch_up(log)
+    with pytest.raises(OSError):
+        proj.rebuild(Failing(log, 1))
+    assert [r["content"] for r in proj.messages("s")] == ["old"]  # the old projection is intact
+
+
+def test_closed_projection_raises(tmp_path: Path, log: EventLog) -> None:
+    proj = SQLiteProjection(tmp_path / "p.db")
+    proj.close()
+    proj.close()  # twice is fine
+    with pytest.raises(ProjectionError, match="closed"):
+        proj.catch_up(log)
+
+
+# -- rows -----------------------------------------------------------------------
+
+
+def test_live_rows_match_the_log_after_rewind_edit_and_compaction(log: EventLog, proj: SQLiteProjection) -> None:
+    msgs = [user("q1"), assistant("a1"), user("q2"), assistant("a2")]
+    log.flush("s", msgs)
+    log.flush("s", msgs[:2] + [user("q2 edited"), assistant("a2")])  # edit: a2 is carried
+    log.rewind("s", to=3)
+    log.compact("s", start=0, end=2, summary=[user("summary of q1/a1")])
+    proj.catch_up(log)
+    rows = proj.messages("s")
+    assert wire(rows) == log.messages("s")
+    assert [r["position"] for r in rows] == list(range(len(rows)))
+    assert rows[0]["summary"] == 1 and rows[1]["summary"] == 0
+    history = proj.history("s")
+    reasons = [(h["content"], h["tombstone_reason"]) for h in history]
+    assert reasons[:4] == [("q1", "compaction"), ("a1", "compaction"), ("q2", "edit"), ("a2", "edit")]
+    assert ("a2", "rewind") in reasons
+    assert all(h["tombstone_seq"] is None for h in history if h["tombstone_reason"] is None)
+    assert all(h["tombstone_seq"] > h["seq"] for h in history if h["tombstone_reason"])
+
+
+def test_carried_rows_point_at_the_stored_body(log: EventLog, proj: SQLiteProjection) -> None:
+    msgs = [user("q1"), assistant("a1"), user("q2"), assistant("a2")]
+    log.flush("s", msgs)
+    log.flush("s", [msgs[0], user("q1b"), *msgs[2:]])  # edit at 1: q2 and a2 are carried
+    proj.catch_up(log)
+    rows = proj.messages("s")
+    first = {r["content"]: r for r in proj.history("s") if r["tombstone_seq"] is not None}
+    for carried in rows[2:]:
+        assert (carried["body_seq"], carried["body_idx"]) == (first[carried["content"]]["seq"], first[carried["content"]]["idx"])
+        assert carried["seq"] != carried["body_seq"]
+        assert carried["digest"] == first[carried["content"]]["digest"]
+        assert carried["node"] != first[carried["content"]]["node"]  # its parent changed
+
+
+def test_fork_rows_share_the_source_prefix(log: EventLog, proj: SQLiteProjection) -> None:
+    log.flush("src", [user("a"), assistant("b"), user("c")], overrides={0: {"content": "A (clean)"}})
+    log.fork("src", "dst", at=2)
+    log.flush("dst", [user("a"), assistant("b"), user("d")])
+    log.rewind("src", to=1)
+    proj.catch_up(log)
+    src, dst = proj.messages("src"), proj.messages("dst")
+    assert wire(dst) == log.messages("dst") and wire(src) == log.messages("src")
+    assert [r["node"] for r in dst[:1]] == [r["node"] for r in src]
+    assert dst[0]["content"] == "A (clean)"  # the fork shares the display too
+    sessions = {s["id"]: s for s in proj.sessions()}
+    assert (sessions["dst"]["parent_id"], sessions["dst"]["fork_position"]) == ("src", 2)
+    assert sessions["dst"]["message_count"] == 3 and sessions["src"]["message_count"] == 1
+    assert sessions["dst"]["head_node"] == dst[-1]["node"]
+
+
+def test_columns_of_a_tool_round_trip(log: EventLog, proj: SQLiteProjection) -> None:
+    call = {"id": "call_1", "type": "function", "function": {"name": "web_search", "arguments": '{"q": "zebra facts"}'}}
+    msgs = [
+        user("look it up", timestamp=1700000000.5, platform_message_id="tg-42"),
+        assistant(None, tool_calls=[call], finish_reason="tool_calls", reasoning="think", reasoning_content="deep"),
+        {"role": "tool", "tool_call_id": "call_1", "name": "web_search", "content": "zebras are striped"},
+        user("thanks", reasoning="users do not reason", reasoning_details=[{"x": 1}]),
+    ]
+    log.flush("s", msgs)
+    proj.catch_up(log)
+    u, a, t, u2 = proj.messages("s")
+    assert (u["timestamp"], u["platform_message_id"]) == (1700000000.5, "tg-42")
+    assert json.loads(a["tool_calls"]) == [call]
+    assert (a["finish_reason"], a["reasoning"], a["reasoning_content"], a["content"]) == ("tool_calls", "think", "deep", None)
+    assert (t["tool_call_id"], t["tool_name"], t["name"], t["role"]) == ("call_1", "web_search", "web_search", "tool")
+    assert (u2["reasoning"], u2["reasoning_details"]) == (None, None)  # assistant rows only
+    assert json.loads(u2["message"])["reasoning"] == "users do not reason"
+    assert {h["position"] for h in proj.search("zebra*")} == {1, 2}  # arguments and the result
+    assert {h["position"] for h in proj.search("web_search", session_id="s")} == {1, 2}  # call and result
+    db = sqlite3.connect(proj.path)
+    assert db.execute("SELECT position FROM messages WHERE platform_message_id = 'tg-42'").fetchall() == [(0,)]
+    plan = " ".join(r[-1] for r in db.execute("EXPLAIN QUERY PLAN SELECT * FROM messages WHERE platform_message_id = 'x'"))
+    assert "messages_platform" in plan
+
+
+def test_multimodal_content_is_projected_to_text_with_placeholders(log: EventLog, proj: SQLiteProjection) -> None:
+    parts = [
+        {"type": "text", "text": "what is in"},
+        {"type": "image_url", "image_url": {"url": "data:image/png;base64,AAAA"}},
+        {"type": "input_audio", "input_audio": {"data": "BBBB", "format": "wav"}},
+        {"type": "file", "file": {"file_id": "f1"}},
+        {"type": "text", "text": "these?"},
+    ]
+    anthropic = [
+        {"type": "text", "text": "I will look"},
+        {"type": "tool_use", "id": "t1", "name": "lookup", "input": {"q": "quokka"}},
+        {"type": "image", "source": {"type": "base64", "data": "CCCC"}},
+    ]
+    log.flush("s", [user(parts), assistant(anthropic)])
+    proj.catch_up(log)
+    u, a = proj.messages("s")
+    assert u["content"] == "what is in\n[image]\n[audio]\n[file]\nthese?"
+    assert json.loads(u["message"])["content"] == parts
+    assert a["content"] == "I will look\n[image]"
+    assert "lookup" in a["tool_text"] and "quokka" in a["tool_text"]
+    assert [h["position"] for h in proj.search("quokka")] == [1]
+    assert proj.search("AAAA") == []  # image data is not text
+
+
+# -- display overrides ----------------------------------------------------------------
+
+
+def test_text_override_replaces_text_content_and_keeps_the_wire_copy(log: EventLog, proj: SQLiteProjection) -> None:
+    wire_text = "<context>injected memory</context> hello there"
+    log.flush(
+        "s",
+        [user(wire_text), assistant("hi")],
+        overrides={0: {"content": "hello there", "display_kind": "user_turn", "platform_message_id": 7, "ignored_key": 1}},
+    )
+    proj.catch_up(log)
+    row = proj.messages("s")[0]
+    assert row["content"] == "hello there"
+    assert row["api_content"] == wire_text
+    assert (row["display_kind"], row["platform_message_id"]) == ("user_turn", 7)
+    assert json.loads(row["display_override"])["ignored_key"] == 1
+    assert json.loads(row["message"])["content"] == wire_text
+    assert log.messages("s")[0]["content"] == wire_text
+    assert proj.search("injected") == []  # the display text is what is searched
+    assert [h["position"] for h in proj.search("hello")] == [0]
+
+
+def test_equal_override_leaves_api_content_empty(log: EventLog, proj: SQLiteProjection) -> None:
+    log.flush("s", [user("same")], overrides={0: {"content": "same", "timestamp": "2024-01-01T00:00:00Z"}})
+    proj.catch_up(log)
+    row = proj.messages("s")[0]
+    assert (row["content"], row["api_content"], row["timestamp"]) == ("same", None, "2024-01-01T00:00:00Z")
+
+
+def test_text_override_never_replaces_multimodal_content(log: EventLog, proj: SQLiteProjection) -> None:
+    parts = [{"type": "text", "text": "see"}, {"type": "image_url", "image_url": {"url": "u"}}]
+    log.flush("s", [user(parts)], overrides={0: {"content": "see (clean)", "display_kind": "photo"}})
+    proj.catch_up(log)
+    row = proj.messages("s")[0]
+    assert (row["content"], row["api_content"], row["display_kind"]) == ("see\n[image]", None, "photo")
+
+
+def test_list_override_replaces_multimodal_content(log: EventLog, proj: SQLiteProjection) -> None:
+    parts = [{"type": "text", "text": "raw"}, {"type": "image_url", "image_url": {"url": "u"}}]
+    clean = [{"type": "text", "text": "clean"}, {"type": "image_url", "image_url": {"url": "u"}}]
+    log.flush("s", [user(parts)], overrides={0: {"content": clean}})
+    proj.catch_up(log)
+    row = proj.messages("s")[0]
+    assert row["content"] == "clean\n[image]"
+    assert json.loads(row["api_content"]) == parts
+
+
+@pytest.mark.parametrize("lag", [0, 1000])
+def test_new_override_for_a_stored_message_updates_row_and_search(tmp_path: Path, log: EventLog, lag: int) -> None:
+    proj = SQLiteProjection(tmp_path / "p.db", search_lag=lag)
+    msgs = [user("draft wording"), assistant("ok")]
+    log.flush("s", msgs)
+    proj.catch_up(log)
+    proj.sync_search()
+    log.flush("s", msgs, overrides={0: {"content": "final wording"}})
+    proj.catch_up(log)
+    row = proj.messages("s")[0]
+    assert (row["content"], row["api_content"]) == ("final wording", "draft wording")
+    assert proj.search("draft") == []
+    assert [h["position"] for h in proj.search("final")] == [0]
+    log.flush("s", msgs, overrides={0: {"display_kind": "hidden"}})  # replaces the previous override
+    proj.catch_up(log)
+    row = proj.messages("s")[0]
+    assert (row["content"], row["api_content"], row["display_kind"]) == ("draft wording", None, "hidden")
+    assert [h["position"] for h in proj.search("draft")] == [0]
+    proj.close()
+    with SQLiteProjection(tmp_path / "full.db") as full:
+        full.rebuild(log)
+    assert dump(tmp_path / "p.db") == dump(tmp_path / "full.db")
+
+
+def test_carried_message_keeps_its_display_override(log: EventLog, proj: SQLiteProjection) -> None:
+    msgs = [user("wire q", ), assistant("a1"), user("q2"), assistant("a2")]
+    log.flush("s", msgs, overrides={2: {"content": "clean q2"}})
+    log.compact("s", start=0, end=2, summary=[user("summary")])
+    proj.catch_up(log)
+    rows = proj.messages("s")
+    assert [r["content"] for r in rows] == ["summary", "clean q2", "a2"]
+    assert rows[1]["api_content"] == "q2"
+
+
+# -- sessions -------------------------------------------------------------------
+
+
+def test_session_metadata_merges_and_counters_add_up(log: EventLog, proj: SQLiteProjection) -> None:
+    log.flush("s", [user("a")])
+    log.update_session("s", title="First", model="m1", source="cli", topic="x", input_tokens=100, cost_usd=0.25)
+    log.update_session("s", title="Renamed", owner="me", input_tokens=50, output_tokens=7, cost_usd=0.5, api_calls=2)
+    log.close_session("s", reason="user_exit")
+    proj.catch_up(log)
+    (session,) = proj.sessions()
+    assert (session["title"], session["model"], session["source"]) == ("Renamed", "m1", "cli")
+    assert json.loads(session["metadata"]) == {"title": "Renamed", "model": "m1", "source": "cli", "topic": "x", "owner": "me"}
+    assert (session["input_tokens"], session["output_tokens"], session["api_calls"]) == (150, 7, 2)
+    assert session["cost_usd"] == pytest.approx(0.75)
+    assert json.loads(session["counters"]) == {"input_tokens": 150, "cost_usd": 0.75, "output_tokens": 7, "api_calls": 2}
+    assert session["close_reason"] == "user_exit"
+    assert session["closed_seq"] == log.last_seq
+    records = list(log.events())
+    assert session["closed_ns"] == records[-1].time_ns
+    assert session["created_ns"] == records[0].time_ns and session["created_seq"] == 1
+    assert (session["message_count"], session["last_seq"]) == (1, log.last_seq)
+
+
+def test_new_messages_reopen_a_closed_session(log: EventLog, proj: SQLiteProjection) -> None:
+    log.flush("s", [user("a")])
+    log.close_session("s", reason="idle")
+    log.flush("s", [user("a"), assistant("back")])
+    proj.catch_up(log)
+    (session,) = proj.sessions()
+    assert (session["closed_seq"], session["closed_ns"], session["close_reason"]) == (None, None, None)
+
+
+# -- search -----------------------------------------------------------------------
+
+
+def test_search_finds_live_words_and_not_tombstoned_ones(log: EventLog, proj: SQLiteProjection) -> None:
+    log.flush("s", [user("the capybara question"), assistant("capybaras are rodents")])
+    proj.catch_up(log)
+    assert {h["position"] for h in proj.search("capybara*")} == {0, 1}
+    log.flush("s", [user("the capybara question"), assistant("actually, a wombat")])  # edit
+    proj.catch_up(log)
+    assert [h["position"] for h in proj.search("rodents")] == []
+    assert [h["content"] for h in proj.search("wombat")] == ["actually, a wombat"]
+    log.rewind("s", to=0)
+    proj.catch_up(log)
+    assert proj.search("capybara") == [] and proj.search("wombat") == []
+    # And the raw index agrees: tombstoned rows are gone from it, not filtered.
+    db = sqlite3.connect(proj.path)
+    assert db.execute("SELECT count(*) FROM messages_fts WHERE messages_fts MATCH 'capybara OR wombat'").fetchone() == (0,)
+
+
+def test_search_ranks_filters_limits_and_snippets(log: EventLog, proj: SQLiteProjection) -> None:
+    log.flush("a", [user("apple apple apple pie"), assistant("an apple")])
+    log.flush("b", [user("apple tart")])
+    proj.catch_up(log)
+    hits = proj.search("apple")
+    assert len(hits) == 3
+    assert hits[0]["content"] == "apple apple apple pie"  # most occurrences ranks first
+    assert [h["rank"] for h in hits] == sorted(h["rank"] for h in hits)
+    assert hits[0]["snippet"] == "**apple** **apple** **apple** pie"
+    assert {h["session_id"] for h in proj.search("apple", session_id="b")} == {"b"}
+    assert len(proj.search("apple", limit=2)) == 2
+    assert [h["content"] for h in proj.search('"apple tart"')] == ["apple tart"]
+
+
+def test_invalid_search_query_is_a_value_error(proj: SQLiteProjection) -> None:
+    with pytest.raises(InvalidQueryError) as info:
+        proj.search('"unbalanced')
+    assert isinstance(info.value, ValueError)
+
+
+def test_search_index_trails_by_at_most_search_lag(tmp_path: Path, log: EventLog) -> None:
+    proj = SQLiteProjection(tmp_path / "p.db", search_lag=5)
+    raw = sqlite3.connect(tmp_path / "p.db")
+
+    def raw_hits() -> int:
+        return raw.execute("SELECT count(*) FROM messages_fts WHERE messages_fts MATCH 'needle'").fetchone()[0]
+
+    msgs: list[dict[str, Any]] = []
+    for i in range(4):
+        msgs.append(user(f"needle {i}"))
+        log.flush("s", msgs)
+        proj.catch_up(log)
+        assert len(proj.messages("s")) == i + 1  # rows are always current
+        assert raw_hits() == 0  # fewer than search_lag rows wait
+    msgs.append(user("needle 4"))
+    log.flush("s", msgs)
+    proj.catch_up(log)
+    assert raw_hits() == 5  # the lag reached search_lag: indexed in the same transaction
+    msgs.append(user("needle 5"))
+    log.flush("s", msgs)
+    proj.catch_up(log)
+    assert raw_hits() == 5
+    assert len(proj.search("needle")) == 6  # search() indexes what waits first
+    assert raw_hits() == 6
+    msgs.append(user("needle 6"))
+    log.flush("s", msgs)
+    proj.catch_up(log)
+    proj.close()  # close() indexes what waits
+    assert raw_hits() == 7
+
+
+def test_tombstone_of_rows_not_yet_indexed(tmp_path: Path, log: EventLog) -> None:
+    proj = SQLiteProjection(tmp_path / "p.db", search_lag=100)
+    log.flush("s", [user("keep"), assistant("kiwi")])
+    proj.catch_up(log)
+    log.rewind("s", to=1)
+    proj.catch_up(log)
+    assert proj.search("kiwi") == []
+    assert [h["content"] for h in proj.search("keep")] == ["keep"]
+    proj.close()
+
+
+# -- docs -------------------------------------------------------------------------
+
+
+def test_docs_examples_run(tmp_path: Path) -> None:
+    blocks = re.findall(r"```python\n(.*?)```", DOCS.read_text(encoding="utf-8"), flags=re.S)
+    assert len(blocks) >= 2
+    namespace: dict[str, Any] = {"tmp": str(tmp_path)}
+    for block in blocks:
+        exec(compile(block, str(DOCS), "exec"), namespace)
