@@ -232,6 +232,11 @@ class _Proc:
         return code
 
 
+def _last_error(path: Path) -> str:
+    lines = [line for line in path.read_text(errors="replace").splitlines() if line.strip()]
+    return lines[-1][:300] if lines else "(no output)"
+
+
 def _projection_available() -> bool:
     try:
         from projections import SQLiteProjection  # noqa: F401
@@ -311,8 +316,13 @@ def run(
             # Only the last call of a killed writer can have committed without an
             # acknowledgement: an extension by its new messages, or a rewind to a
             # prefix plus one new message.  Anything else lost acknowledged messages.
+            retried = {u for intent in pending[w].values() for u in intent["u"]}  # may be older
+
             def fresh(uids: list[str]) -> bool:
-                return all(u.startswith(s + "|") and int(u.split("|")[1]) >= since[w] and u not in want for u in uids)
+                return all(
+                    u.startswith(s + "|") and (int(u.split("|")[1]) >= since[w] or u in retried) and u not in want
+                    for u in uids
+                )
 
             extended = len(found) > len(want) and found[: len(want)] == want and fresh(found[len(want) :])
             keep = len(found) - 1
@@ -360,8 +370,7 @@ def run(
             projector.kill()
             code = projector.popen.returncode
             if code != -signal.SIGKILL:
-                result.problems.append(f"projector exited with {code} before it was killed: see {workdir / 'projector.err'}")
-                break
+                result.problems.append(f"projector exited with {code} before it was killed: {_last_error(workdir / 'projector.err')}")
             result.projector_kills += 1
             projector = start_projector()
         else:
@@ -370,8 +379,9 @@ def run(
             absorb(victim, proc)
             code = proc.popen.returncode
             if code != -signal.SIGKILL:
-                result.problems.append(f"writer {victim} exited with {code} before it was killed: see {workdir / f'writer{victim}.err'}")
-                break
+                # Keep going (a writer that failed is restarted like a killed one) so one
+                # run reports every failure; the run still fails.
+                result.problems.append(f"writer {victim} exited with {code} before it was killed: {_last_error(workdir / f'writer{victim}.err')}")
             result.writer_kills += 1
             procs[victim] = start_writer(victim)
         result.kills += 1
@@ -385,6 +395,7 @@ def run(
         absorb(w, proc)
     if projector is not None:
         projector.kill()
+    settled = True
     for w in range(writers):
         proc = start_writer(w, ops=4 * sessions_per_writer)
         try:
@@ -394,13 +405,14 @@ def run(
             code = None
         absorb(w, proc)
         if code != 0:
-            result.problems.append(f"writer {w} final round exited with {code}: see {workdir / f'writer{w}.err'}")
-    if result.problems:
+            result.problems.append(f"writer {w} final round exited with {code}: {_last_error(workdir / f'writer{w}.err')}")
+            settled = False
+    if not settled:  # the final state is not known: nothing to check against
         result.seconds = time.monotonic() - started
         return result
 
     _check(path, durability, sessions, model, acked, last_head, result)
-    if projection and not result.problems:
+    if projection:
         _check_projection(path, durability, db, workdir / "rebuilt.db", result)
     result.seconds = time.monotonic() - started
     return result
