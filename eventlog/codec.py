@@ -58,16 +58,35 @@ def canonical(message: Any, index: int) -> bytes:
     Raises :class:`InvalidMessageError` naming ``messages[index]`` and the path of the
     first value that is not JSON-like.
     """
+    private = inspect(message, index)
+    return _encoder.encode(strip(message) if private or type(message) is not dict else message)
+
+
+def inspect(message: Any, index: int) -> bool:
+    """Validate a message for storage; return whether it has top-level ``_`` keys.
+
+    The values under ``_`` keys are process-local and not stored, so they are not
+    checked.  Raises :class:`InvalidMessageError` like :func:`canonical`.
+    """
     if not isinstance(message, Mapping):
-        raise InvalidMessageError(
-            f"messages[{index}]: {type(message).__name__} is not a mapping", index=index
-        )
-    body = strip(message)
-    check(body, index)
-    try:
-        return _encoder.encode(body)
-    except (TypeError, ValueError, OverflowError) as e:  # pragma: no cover - check() finds these first
-        raise InvalidMessageError(f"messages[{index}]: {e}", index=index) from e
+        raise InvalidMessageError(f"messages[{index}]: {type(message).__name__} is not a mapping", index=index)
+    private = False
+    for key, item in message.items():
+        if type(key) is not str:
+            _raise([key], f"key {key!r} is a {type(key).__name__}, not a str", index)
+        if key[:1] == "_":
+            private = True
+            continue
+        kind = type(item)
+        if (kind is str and item.isascii()) or item is None or kind is bool or (kind is int and -(2**63) <= item < 2**64):
+            continue  # the common leaves, without a call
+        if not key.isascii() and not _utf8_ok(key):
+            _raise([key], "key contains a lone surrogate", index)
+        found = _problem(item, 1)
+        if found is not None:
+            found[0].append(key)
+            _raise(*found, index)
+    return private
 
 
 def content_digest(data: bytes) -> bytes:
@@ -82,10 +101,12 @@ def check(body: dict[str, Any], index: int) -> None:
     """Raise :class:`InvalidMessageError` unless ``body`` is JSON-like all the way down."""
     problem = _problem(body, 0)
     if problem is not None:
-        path, what = problem
-        where = "".join(f"[{p!r}]" if isinstance(p, str) else f"[{p}]" for p in reversed(path))
-        where = where.replace("'", '"')
-        raise InvalidMessageError(f"messages[{index}]{where}: {what}", index=index, path=where)
+        _raise(*problem, index)
+
+
+def _raise(path: list[Any], what: str, index: int) -> None:
+    where = "".join(f'["{p}"]' if isinstance(p, str) else f"[{p}]" for p in reversed(path))
+    raise InvalidMessageError(f"messages[{index}]{where}: {what}", index=index, path=where)
 
 
 def _problem(value: Any, depth: int) -> tuple[list[Any], str] | None:
@@ -102,7 +123,7 @@ def _problem(value: Any, depth: int) -> tuple[list[Any], str] | None:
             if not key.isascii() and not _utf8_ok(key):
                 return [key], "key contains a lone surrogate"
             kind = type(item)
-            if (kind is str and item.isascii()) or item is None or kind is bool:
+            if (kind is str and item.isascii()) or item is None or kind is bool or (kind is int and -(2**63) <= item < 2**64):
                 continue  # the common leaves, without a call
             found = _problem(item, depth + 1)
             if found is not None:

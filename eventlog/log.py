@@ -17,6 +17,7 @@ from .codec import ZERO, content_digest, node_digest
 from .errors import ConflictError, HistoryMismatchError, InvalidMessageError, UnknownSessionError
 from .replay import BodyReader, Occurrence, fill, repair, replay
 from .snapshot import Prepared, SnapshotCache, is_ephemeral, prepare
+from .verify import VerifyReport, verify
 from .store import LINK, SEQ, Batch, Record, SessionState, Store, chain_key, iter_events, note_key
 
 logger = logging.getLogger("eventlog")
@@ -42,6 +43,10 @@ COUNTERS = frozenset(
 """Session metadata keys that add up across :meth:`EventLog.update_session` calls."""
 
 MAX_SESSION_ID_BYTES = 256
+
+EVENT_MESSAGES = 1024
+"""At most this many messages per ``MessagesAppended`` event (a large flush writes several,
+in one transaction), so that readers and projections handle events of bounded size."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -271,6 +276,7 @@ class EventLog:
             if state is None and not prepared.nodes:
                 return FlushResult(0, 0, 0, None)
 
+        store.reserve(sum(map(len, prepared.bodies[state.length if state else 0 :])) + 200 * len(prepared.bodies))
         result = store.write(lambda txn: self._flush(txn, session_id, prepared, notes, expected, replace))
         self._cache.put(session_id, prepared)
         self._after_write()
@@ -318,6 +324,7 @@ class EventLog:
             self._save(batch, session_id, state)
             return FlushResult(len(nodes), 0, length, state.head.hex())
 
+        self._store.reserve(sum(map(len, prepared.bodies)) + 200 * len(prepared.bodies))
         result = self._store.write(body)
         self._cache.discard(session_id)
         self._after_write()
@@ -546,11 +553,14 @@ class EventLog:
         """The events with ``seq > after``, in order (``seq`` is gapless from 1)."""
         return iter_events(self._store, after)
 
-    def verify(self) -> Any:
-        """Recompute every digest and the event hash chain; see :func:`eventlog.verify.verify`."""
-        from .verify import verify
+    def verify(self, *, progress: Callable[[int, int], None] | None = None) -> VerifyReport:
+        """Recompute every digest, the event hash chain and the derived indexes.
 
-        return verify(self._store)
+        Returns a :class:`~eventlog.verify.VerifyReport`: ``.ok``, and ``.problems``
+        naming the event and what differs.  ``progress(done, total)`` is called as
+        events are checked.
+        """
+        return verify(self._store, progress=progress)
 
     # -- internals -------------------------------------------------------------
 
@@ -753,8 +763,35 @@ class EventLog:
         notes: dict[int, dict[str, Any]],
         summaries: int,
     ) -> None:
+        """Append messages as one event per :data:`EVENT_MESSAGES` (all in this transaction)."""
+        for start in range(0, len(nodes), EVENT_MESSAGES):
+            stop = min(start + EVENT_MESSAGES, len(nodes))
+            self._append_event(
+                batch,
+                session_id,
+                state,
+                bodies[start:stop],
+                digests[start:stop],
+                nodes[start:stop],
+                {i - start: where for i, where in carried.items() if start <= i < stop},
+                {i - start: note for i, note in notes.items() if start <= i < stop},
+                max(0, min(summaries - start, stop - start)),
+            )
+
+    def _append_event(
+        self,
+        batch: Batch,
+        session_id: str,
+        state: SessionState,
+        bodies: list[bytes],
+        digests: list[bytes],
+        nodes: list[bytes],
+        carried: dict[int, tuple[int, int]],
+        notes: dict[int, dict[str, Any]],
+        summaries: int,
+    ) -> None:
         store, txn = self._store, batch.txn
-        raw_bodies = [ev.CARRIED if i in carried else _raw(body) for i, body in enumerate(bodies)]
+        raw_bodies = [ev.CARRIED if i in carried else msgspec.Raw(body) for i, body in enumerate(bodies)]
         seq = batch.emit(
             ev.MessagesAppended(
                 session=session_id,
@@ -768,14 +805,13 @@ class EventLog:
             ),
             state,
         )
-        number, index, pack_link = state.number, store.index, LINK.pack
-        base = state.length
-        for i, (digest, node) in enumerate(zip(digests, nodes)):
-            where = carried.get(i)
-            body_seq, body_index = (seq, i) if where is None else where
-            txn.put(chain_key(number, base + i), pack_link(node, digest, body_seq, body_index), db=index)
-        for i, note in notes.items():
-            txn.put(note_key(number, base + i), nodes[i] + codec.encode(note), db=index)
+        number, pack_link, base = state.number, LINK.pack, state.length
+        entries = [
+            (chain_key(number, base + i), pack_link(node, digest, *(carried.get(i) or (seq, i))))
+            for i, (digest, node) in enumerate(zip(digests, nodes))
+        ]
+        entries += [(note_key(number, base + i), nodes[i] + codec.encode(note)) for i, note in notes.items()]
+        txn.cursor(db=store.index).putmulti(entries)
         state.length = base + len(nodes)
         state.head = nodes[-1] if nodes else state.head
         state.closed = False
@@ -822,10 +858,6 @@ def _chain(parent: bytes, digests: list[bytes]) -> list[bytes]:
         parent = node_digest(parent, digest)
         nodes.append(parent)
     return nodes
-
-
-def _raw(body: bytes) -> msgspec.Raw:
-    return msgspec.Raw(body)
 
 
 def _is_summary(message: Any) -> bool:

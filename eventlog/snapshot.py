@@ -23,11 +23,12 @@ import threading
 from collections import OrderedDict
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
+from hashlib import sha256
 from operator import is_
 from typing import Any
 
 from . import codec
-from .codec import ZERO, content_digest, node_digest
+from .codec import ZERO
 
 EPHEMERAL_FLAGS = (
     "_empty_recovery_synthetic",
@@ -147,31 +148,35 @@ def prepare(
         out.flags = previous.flags[:reuse]
         if out.nodes:
             parent = out.nodes[-1]
-    encode = codec.encode
+    # The per-message loop of every flush: locals and inlined checks on purpose.
+    encode, inspect, strip = codec.encode, codec.inspect, codec.strip
+    default_rule = ephemeral is is_ephemeral
+    flags_seen = _FLAG_SET.isdisjoint
+    fast_out, flags_out = out.fast.append, out.flags.append
+    kept_out, bodies_out, digests_out, nodes_out = out.kept.append, out.bodies.append, out.digests.append, out.nodes.append
     for index in range(reuse, len(raw)):
         message = raw[index]
         try:
             fast: bytes | None = encode(message)
         except Exception:  # _ keys may hold process-local objects; only canonical bytes matter
             fast = None
-        out.fast.append(fast)
-        if ephemeral(message):
-            out.flags.append(True)
+        fast_out(fast)
+        if (not flags_seen(message) and ephemeral(message)) if default_rule else ephemeral(message):
+            flags_out(True)
             continue
-        out.flags.append(False)
-        if fast is not None and type(message) is dict and codec.strip(message) is message:
-            # No `_` keys: the encoding just made is the canonical one.
-            codec.check(message, index)
-            body = fast
+        flags_out(False)
+        private = inspect(message, index)
+        if fast is not None and not private and type(message) is dict:
+            body = fast  # no `_` keys: the encoding just made is the canonical one
         else:
-            body = codec.canonical(message, index)
-        digest = content_digest(body)
-        out.kept.append(index)
-        out.bodies.append(body)
-        out.digests.append(digest)
+            body = encode(strip(message))
+        digest = sha256(body).digest()
+        kept_out(index)
+        bodies_out(body)
+        digests_out(digest)
         if chain:
-            parent = node_digest(parent, digest)
-            out.nodes.append(parent)
+            parent = sha256(parent + digest).digest()
+            nodes_out(parent)
     return out
 
 

@@ -383,6 +383,21 @@ class Store:
                 request.error = e
                 self._pending_tail = before
 
+    def reserve(self, nbytes: int) -> None:
+        """Grow the map ahead of a write of about ``nbytes``, so it need not be retried."""
+        info = self.env.info()
+        used = (info["last_pgno"] + 1) * self.env.stat()["psize"]
+        wanted = used + 2 * nbytes + MIB
+        if wanted <= info["map_size"]:
+            return
+        size = info["map_size"]
+        while size < wanted:
+            size = size * 2 if size < 4096 * MIB else size + size // 4
+        if self.max_map_size is not None:
+            size = min(size, self.max_map_size)
+        if size > info["map_size"]:
+            self._resize(size)
+
     def _next_size(self) -> int:
         current = self.env.info()["map_size"]
         # Double while small, then grow by a quarter: sparse files make a large map cheap,

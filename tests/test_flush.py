@@ -325,3 +325,21 @@ def test_carried_message_keeps_its_override(log):
 def test_tuples_come_back_as_lists(log):
     log.flush("s", [{"role": "assistant", "content": None, "args": (1, 2)}])
     assert log.messages("s") == [{"role": "assistant", "content": None, "args": [1, 2]}]
+
+
+def test_large_flush_is_split_into_bounded_events_in_one_transaction(log):
+    from eventlog.log import EVENT_MESSAGES
+
+    messages = [user(f"m{i}") for i in range(2 * EVENT_MESSAGES + 10)]
+    result = log.flush("s", messages, overrides={EVENT_MESSAGES + 3: {"content": "clean"}})
+    assert result.appended == len(messages)
+    appended = appended_events(log)
+    assert [len(e) for e in appended] == [EVENT_MESSAGES, EVENT_MESSAGES, 10]
+    assert [e.position for e in appended] == [0, EVENT_MESSAGES, 2 * EVENT_MESSAGES]
+    assert appended[1].overrides == {3: {"content": "clean"}}
+    messages[5] = user("edited")  # everything after is carried, across event boundaries
+    log.flush("s", messages)
+    assert log.messages("s") == messages
+    assert log.history("s")[-1].override is None
+    assert [o.override for o in log.history("s") if o.tombstone is None and o.position == EVENT_MESSAGES + 3] == [{"content": "clean"}]
+    assert log.verify().ok
