@@ -278,13 +278,13 @@ def run_demo(
         say("redacting a leaked key in a stored tool result (in-place edit)")
         position = next(i for i, m in enumerate(agent.messages) if SECRET in str(m.get("content")))
         agent.messages[position]["content"] = agent.messages[position]["content"].replace(SECRET, "[REDACTED]")
+        before_seq = log.last_seq
         edited = log.flush(MAIN, agent.messages)
-        appended = _last_append(log)
         report.edit = {
             "position": position,
             "tombstoned": edited.tombstoned,
             "appended": edited.appended,
-            "carried": len(appended.carried) if appended else 0,
+            "carried": _carried_since(log, before_seq),
         }
 
         say("undoing the last two turns (rewind)")
@@ -306,12 +306,12 @@ def run_demo(
             "_compressed_summary": True,
         }
         agent.messages = [agent.messages[0], summary, *agent.messages[end:]]
+        before_seq = log.last_seq
         compacted = log.flush(MAIN, agent.messages)
-        appended = _last_append(log)
         report.compaction = {
             "end": end,
             "tombstoned": compacted.tombstoned,
-            "carried": len(appended.carried) if appended else 0,
+            "carried": _carried_since(log, before_seq),
         }
 
         say("forking a branch to try another answer")
@@ -354,13 +354,9 @@ def run_demo(
     return report
 
 
-def _last_append(log: EventLog) -> ev.MessagesAppended | None:
-    """The newest messages-appended event (a flush writes its tombstone and append together)."""
-    found = None
-    for record in log.events(after=max(0, log.last_seq - 4)):
-        if isinstance(record.event, ev.MessagesAppended):
-            found = record.event
-    return found
+def _carried_since(log: EventLog, seq: int) -> int:
+    """Messages appended after event ``seq`` whose bodies were carried (referenced, not stored again)."""
+    return sum(len(r.event.carried) for r in log.events(after=seq) if isinstance(r.event, ev.MessagesAppended))
 
 
 def _project(log: EventLog, db_path: Path) -> dict[str, Any]:
