@@ -117,5 +117,15 @@ CARRIED: Final = msgspec.Raw(b"\xc0")
 REASONS: Final = ("rewind", "compaction", "edit", "clear")
 """Why messages were tombstoned."""
 
+class AppendedBodies(msgspec.Struct, tag=2, tag_field="k"):
+    """A read-side view of :class:`MessagesAppended`: only the bodies, decoded to Python values.
+
+    Replay decodes a whole event's messages in one call this way (a carried body is None).
+    """
+
+    bodies: list[Any]
+
+
 encoder = msgspec.msgpack.Encoder()
 decoder = msgspec.msgpack.Decoder(AnyEvent)
+bodies_decoder = msgspec.msgpack.Decoder(AppendedBodies)

@@ -527,8 +527,7 @@ class EventLog:
         with store.read() as txn:
             state = self._require(txn, session_id)
             if as_of is None:
-                links = store.links(txn, state.number, 0, state.length)
-                out = BodyReader(store, txn).messages((link[2], link[3]) for link in links)
+                out = BodyReader(store, txn).messages(store.locations(txn, state.number, state.length))
             else:
                 occurrences, live = replay(store, txn, session_id, as_of)
                 reader = BodyReader(store, txn)

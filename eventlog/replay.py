@@ -7,11 +7,15 @@ small state machine, so they depend on the events alone.
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Iterable
+from itertools import groupby
+from operator import itemgetter
 from dataclasses import dataclass, field
 from typing import Any
 
 import lmdb
+import msgspec
 
 from . import codec
 from . import events as ev
@@ -79,8 +83,47 @@ class BodyReader:
         return bytes(body)
 
     def messages(self, locations: Iterable[tuple[int, int]]) -> list[dict[str, Any]]:
-        decode = codec.decode
-        return [decode(self.body(seq, index)) for seq, index in locations]
+        """The messages stored at ``locations``, each a fresh dict the caller may change."""
+        decoded: dict[int, list[Any]] = {}
+        out: list[dict[str, Any]] = []
+        # Consecutive positions mostly sit at consecutive indexes of one event: take
+        # those runs as slices of the event's decoded bodies.
+        for seq, run in groupby(locations, key=itemgetter(0)):
+            bodies = decoded.get(seq)
+            if bodies is None:
+                bodies = decoded[seq] = self._bodies(seq)
+            indexes = [index for _, index in run]
+            first = indexes[0]
+            if indexes[-1] - first == len(indexes) - 1 and 0 <= first and indexes[-1] < len(bodies) and (
+                len(indexes) == 1 or indexes == list(range(first, first + len(indexes)))
+            ):
+                chunk = bodies[first : first + len(indexes)]
+            else:
+                try:
+                    chunk = [bodies[index] for index in indexes]
+                except IndexError:
+                    raise CorruptLogError(f"{self.store.path}: event {seq} has fewer messages than referenced") from None
+            out.extend(chunk)
+        if not all(type(message) is dict for message in out):
+            raise CorruptLogError(f"{self.store.path}: a live message refers to a reference, not a body")
+        if len(set(map(id, out))) != len(out):
+            # The same stored body at two positions: hand out two dicts.
+            seen: set[int] = set()
+            for i, message in enumerate(out):
+                if id(message) in seen:
+                    out[i] = copy.deepcopy(message)
+                seen.add(id(message))
+        return out
+
+    def _bodies(self, seq: int) -> list[Any]:
+        """Every message of event ``seq``, decoded in one call."""
+        raw = self.store.raw_event(self.txn, seq)
+        if raw is None:
+            raise CorruptLogError(f"{self.store.path}: event {seq} holding a message body is missing")
+        try:
+            return ev.bodies_decoder.decode(memoryview(raw)[HEADER.size :]).bodies
+        except msgspec.DecodeError as e:
+            raise CorruptLogError(f"{self.store.path}: event {seq} holds no readable message bodies ({e})") from e
 
 
 def session_events(store: Store, txn: lmdb.Transaction, state: SessionState, upto: int | None = None) -> list[int]:
@@ -169,9 +212,9 @@ def replay(store: Store, txn: lmdb.Transaction, session_id: str, upto: int | Non
 
 def fill(store: Store, txn: lmdb.Transaction, occurrences: list[Occurrence]) -> None:
     """Load the message body of each occurrence."""
-    reader = BodyReader(store, txn)
-    for occ in occurrences:
-        occ.message = codec.decode(reader.body(*occ.source))
+    messages = BodyReader(store, txn).messages(occ.source for occ in occurrences)
+    for occ, message in zip(occurrences, messages):
+        occ.message = message
 
 
 def repair(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:

@@ -37,6 +37,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from hashlib import sha256
+from itertools import islice
 from typing import Final, TypeVar
 
 import lmdb
@@ -56,6 +57,8 @@ STATE = struct.Struct(">Q32sQB")
 """Session state: live length, head node, last seq, closed flag."""
 LINK = struct.Struct(">32s32sQI")
 """Chain entry: node digest, content digest, seq and index of the stored body."""
+LOCATION = struct.Struct(">64xQI")
+"""The body location part of a chain entry."""
 
 DURABILITY: Final = {
     # mode: (sync, metasync)
@@ -463,6 +466,19 @@ class Store:
         if len(out) != stop - start or key != last:
             raise CorruptLogError(f"{self.path}: live chain of session {number} is shorter than its length")
         return out
+
+    def locations(self, txn: lmdb.Transaction, number: int, length: int) -> list[tuple[int, int]]:
+        """The body location of each live message of session ``number``, in order."""
+        if not length:
+            return []
+        cursor = txn.cursor(db=self.index)
+        if not cursor.set_key(chain_key(number, 0)):
+            raise CorruptLogError(f"{self.path}: live chain entry {number}/0 is missing")
+        values = cursor.iternext(keys=False, values=True)
+        found = list(map(LOCATION.unpack, islice(values, length)))
+        if len(found) != length or cursor.key() != chain_key(number, length - 1):
+            raise CorruptLogError(f"{self.path}: live chain of session {number} is shorter than its length")
+        return found
 
     def raw_event(self, txn: lmdb.Transaction, seq: int) -> bytes | None:
         return txn.get(SEQ.pack(seq), db=self.events)
