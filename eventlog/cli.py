@@ -575,23 +575,13 @@ def verify(as_json: bool) -> None:
 
     On failure prints which event is wrong and what differs, and exits 1.
     """
-    from .store import Store
-    from .verify import verify as verify_store
+    with _open_log() as log, _progress() as bar:
+        task = bar.add_task("verify", total=None)
 
-    path = _settings().log_path
-    if not os.path.isfile(os.path.join(path, "data.mdb")):
-        _fail(f"no event log at {path} (give --log PATH or set EVENTLOG_PATH)")
-    store = Store(path, readonly=True)
-    try:
-        with _progress() as bar:
-            task = bar.add_task("verify", total=None)
+        def advance(done: int, total: int) -> None:
+            bar.update(task, completed=done, total=max(total, 1))
 
-            def advance(done: int, total: int) -> None:
-                bar.update(task, completed=done, total=max(total, 1))
-
-            report = verify_store(store, progress=advance)
-    finally:
-        store.close()
+        report = log.verify(progress=advance)
     if as_json:
         _print_json(
             {
@@ -605,7 +595,7 @@ def verify(as_json: bool) -> None:
     elif report.ok:
         click.echo(str(report))
     else:
-        click.echo(f"NOT INTACT: {len(report.problems)} problem(s) in {path}", err=True)
+        click.echo(f"NOT INTACT: {len(report.problems)} problem(s) in {_settings().log_path}", err=True)
         for problem in report.problems[:20]:
             click.echo(f"  {problem}", err=True)
         if len(report.problems) > 20:
