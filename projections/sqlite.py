@@ -115,7 +115,10 @@ class SQLiteProjection:
         with self._lock, self._translate():
             log_id = log.id
             owner, after, _ = self._checkpoint()
-            if owner is not None and owner != log_id:
+            if owner is None:
+                with self._write():  # the projection belongs to this log from now on
+                    self._claim(log_id)
+            elif owner != log_id:
                 raise self._mismatch(owner, log_id)
             applied = 0
             records = iter(log.events(after=after))
@@ -224,11 +227,8 @@ class SQLiteProjection:
 
     def _apply_chunk(self, log_id: str, chunk: list[Record], *, index: bool = True) -> int:
         """Apply ``chunk`` inside the open transaction; return how many events were new."""
-        owner, last, indexed = self._checkpoint()
-        if owner is None:
-            self._db.execute("UPDATE checkpoint SET log_id = ?", (log_id,))
-        elif owner != log_id:
-            raise self._mismatch(owner, log_id)
+        self._claim(log_id)
+        _, last, indexed = self._checkpoint()
         fresh = [record for record in chunk if record.seq > last]  # others may have applied some
         if not fresh:
             return 0
@@ -246,6 +246,14 @@ class SQLiteProjection:
         if index:
             self._index(force=False)
         return len(fresh)
+
+    def _claim(self, log_id: str) -> None:
+        """Record ``log_id`` as the projected log, or refuse another one (inside the open transaction)."""
+        owner = self._checkpoint()[0]
+        if owner is None:
+            self._db.execute("UPDATE checkpoint SET log_id = ?", (log_id,))
+        elif owner != log_id:
+            raise self._mismatch(owner, log_id)
 
     def _index(self, *, force: bool) -> int:
         """Feed the search index (inside the open transaction) when enough rows wait."""

@@ -348,7 +348,7 @@ def test_columns_of_a_tool_round_trip(log: EventLog, proj: SQLiteProjection) -> 
         user("look it up", timestamp=1700000000.5, platform_message_id="tg-42"),
         assistant(None, tool_calls=[call], finish_reason="tool_calls", reasoning="think", reasoning_content="deep"),
         {"role": "tool", "tool_call_id": "call_1", "name": "web_search", "content": "zebras are striped"},
-        user("thanks", reasoning="users do not reason", reasoning_details=[{"x": 1}]),
+        user("thanks", reasoning="users do not reason", reasoning_content="no", reasoning_details=[{"x": 1}]),
     ]
     log.flush("s", msgs)
     proj.catch_up(log)
@@ -357,7 +357,7 @@ def test_columns_of_a_tool_round_trip(log: EventLog, proj: SQLiteProjection) -> 
     assert json.loads(a["tool_calls"]) == [call]
     assert (a["finish_reason"], a["reasoning"], a["reasoning_content"], a["content"]) == ("tool_calls", "think", "deep", None)
     assert (t["tool_call_id"], t["tool_name"], t["name"], t["role"]) == ("call_1", "web_search", "web_search", "tool")
-    assert (u2["reasoning"], u2["reasoning_details"]) == (None, None)  # assistant rows only
+    assert (u2["reasoning"], u2["reasoning_content"], u2["reasoning_details"]) == (None, None, None)  # assistant rows only
     assert json.loads(u2["message"])["reasoning"] == "users do not reason"
     assert {h["position"] for h in proj.search("zebra*")} == {1, 2}  # arguments and the result
     assert {h["position"] for h in proj.search("web_search", session_id="s")} == {1, 2}  # call and result
@@ -572,6 +572,17 @@ def test_search_index_trails_by_at_most_search_lag(tmp_path: Path, log: EventLog
     proj.catch_up(log)
     proj.close()  # close() indexes what waits
     assert raw_hits() == 7
+
+
+def test_tombstone_of_the_last_indexed_row_leaves_the_index(tmp_path: Path, log: EventLog, proj: SQLiteProjection) -> None:
+    # One session: row ids are positions + 1, so the tombstoned row is exactly the index's mark.
+    log.flush("s", [user("keep"), assistant("kiwi")])
+    proj.catch_up(log)
+    log.rewind("s", to=1)
+    proj.catch_up(log)
+    db = sqlite3.connect(proj.path)
+    db.execute("CREATE VIRTUAL TABLE temp.v USING fts5vocab(main, messages_fts, instance)")
+    assert db.execute("SELECT DISTINCT doc FROM temp.v").fetchall() == [(1,)]
 
 
 def test_tombstone_of_rows_not_yet_indexed(tmp_path: Path, log: EventLog) -> None:
