@@ -12,7 +12,7 @@ rebuild, concurrent writers), then writes into ``--out`` (default
   ``reflush.png`` (unchanged re-flush by session length),
   ``concurrency.png`` (aggregate rate by writers) -- when matplotlib is installed.
 
-Run it from the repository root (about 10 minutes on 2 cores; ``--quick``: about one)::
+Run it from the repository root (2-4 minutes on 2 cores; ``--quick``: well under one)::
 
     pip install -e '.[bench]'
     python -m benchmarks.run
