@@ -31,11 +31,13 @@ def test_same_list_flushed_many_times_writes_each_message_once(log):
     messages = [user("hi"), assistant("hello")]
     first = log.flush("s", messages)
     seq = log.last_seq
+    commits = log.info()["commits"]
     for _ in range(5):
         again = log.flush("s", messages)
         assert (again.appended, again.tombstoned, again.unchanged) == (0, 0, 2)
         assert again.head == first.head
     assert log.last_seq == seq
+    assert log.info()["commits"] == commits  # no write transaction, nothing synced
     assert stored_bodies(log) == 2
 
 
