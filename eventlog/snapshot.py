@@ -69,6 +69,10 @@ class Prepared:
     """Per caller index: the encoding of the message as given (with ``_`` keys), None if not encodable."""
     flags: list[bool] = field(default_factory=list)
     """Per caller index: whether the message was scaffolding."""
+    chunks: list[tuple[int, int, bytes | None]] = field(default_factory=list)
+    """``(start, stop, blob)``: ``blob`` is ``fast[start:stop]`` joined (None if one is
+    None).  Re-encoding ``raw[start:stop]`` as one list and comparing it with the blob
+    checks a whole run of messages in one C call (default mode only)."""
 
     @property
     def head(self) -> bytes:
@@ -146,6 +150,8 @@ def prepare(
         out.nodes = previous.nodes[:kept_reused]
         out.fast = previous.fast[:reuse]
         out.flags = previous.flags[:reuse]
+        if not trust_identity:
+            out.chunks = [chunk for chunk in previous.chunks if chunk[1] <= reuse]
         if out.nodes:
             parent = out.nodes[-1]
     # The per-message loop of every flush: locals and inlined checks on purpose.
@@ -177,7 +183,26 @@ def prepare(
         if chain:
             parent = sha256(parent + digest).digest()
             nodes_out(parent)
+    if not trust_identity:
+        _extend_chunks(out)
     return out
+
+
+def _extend_chunks(out: Prepared) -> None:
+    """Cover the messages after the last chunk with a new one, merging like a binary counter
+    so that there are O(log n) chunks and each byte is copied O(log n) times."""
+    chunks = out.chunks
+    start = chunks[-1][1] if chunks else 0
+    if start < len(out.fast):
+        tail = out.fast[start:]
+        chunks.append((start, len(out.fast), None if None in tail else b"".join(tail)))  # type: ignore[arg-type]
+    while len(chunks) >= 2 and chunks[-2][1] - chunks[-2][0] <= chunks[-1][1] - chunks[-1][0]:
+        (a, _, left), (_, b, right) = chunks[-2], chunks[-1]
+        chunks[-2:] = [(a, b, None if left is None or right is None else left + right)]
+
+
+def _array_header_size(n: int) -> int:
+    return 1 if n < 16 else 3 if n < 65536 else 5
 
 
 def _kept_before(kept: list[int], limit: int) -> int:
@@ -192,37 +217,61 @@ def _kept_before(kept: list[int], limit: int) -> int:
     return lo
 
 
+def _identical_prefix(raw: list[Any], old: list[Any]) -> int:
+    """How many leading items of ``raw`` are the very objects of ``old``."""
+    n = min(len(raw), len(old))
+    if all(map(is_, raw[:n], old)):
+        return n
+    start, block = 0, 256
+    while start < n:  # find the block with the first difference in C, then the item
+        stop = min(start + block, n)
+        if all(map(is_, raw[start:stop], old[start:stop])):
+            start = stop
+            continue
+        while raw[start] is old[start]:
+            start += 1
+        return start
+    return n
+
+
 def _reusable(raw: list[Any], previous: Prepared | None, trust_identity: bool) -> int:
     """How many leading messages of ``raw`` can reuse ``previous``'s results unchanged."""
     if previous is None or not previous.raw:
         return 0
-    n = min(len(raw), len(previous.raw))
-    old = previous.raw
-    if n == len(old) and all(map(is_, raw[:n], old)):
-        same = n
-    else:
-        same = 0
-        for a, b in zip(raw, old):
-            if a is not b:
-                break
-            same += 1
+    same = _identical_prefix(raw, previous.raw)
     if trust_identity or same == 0:
         return same
     # Same objects, but a dict may have been edited in place: compare fresh encodings
-    # with the cached ones.  One C-level pass in the common case, no hashing.
-    fast = previous.fast
-    try:
-        if list(map(codec.encode, raw[:same])) == fast[:same]:
-            return same
-    except Exception:
-        pass
-    for index in range(same):
-        message = raw[index]
+    # with the cached ones, a chunk at a time (one C call and one memcmp each), no hashing.
+    encode, fast = codec.encode, previous.fast
+    checked = 0
+    for start, stop, blob in previous.chunks:
+        if stop > same:
+            break
+        if blob is not None:
+            try:
+                current = encode(raw[start:stop])
+            except Exception:  # an unencodable `_` value; look message by message
+                current = b""
+            if len(current) == len(blob) + _array_header_size(stop - start) and current.endswith(blob):
+                checked = stop
+                continue
+        changed = _first_changed(raw, fast, start, stop)
+        if changed < stop:
+            return changed
+        checked = stop
+    return _first_changed(raw, fast, checked, same)
+
+
+def _first_changed(raw: list[Any], fast: list[bytes | None], start: int, stop: int) -> int:
+    """The first index in ``start..stop-1`` whose encoding differs from ``fast`` (else ``stop``)."""
+    encode = codec.encode
+    for index in range(start, stop):
         try:
-            current: bytes | None = codec.encode(message)
+            current: bytes | None = encode(raw[index])
         except Exception:
             current = None
         if current is None or current != fast[index]:
-            # Could be a change only in `_` keys or scaffolding flags; the slow path sorts it out.
+            # Could be a change only in `_` keys or scaffolding flags; hashing it again sorts that out.
             return index
-    return same
+    return stop
