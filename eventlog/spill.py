@@ -1,0 +1,305 @@
+"""An opt-in fallback so that a turn is never lost when the log cannot be written at all.
+
+:class:`SpillingWriter` wraps an :class:`~eventlog.EventLog`: its :meth:`~SpillingWriter.flush`
+flushes into the log, and when the *storage* refuses (disk or map full, read-only
+file system, damaged or unreachable files) it writes the caller's list to a spill
+file instead and reports that it did.  Errors that are the caller's (bad messages,
+a conflicting head, a list that does not match the stored history) are raised as
+usual: spilling them would only postpone the same refusal.
+
+A spill file is JSON Lines, one line per message of the flushed list, in a
+directory of the caller's choosing (ideally on another file system than the log).
+Each line is an object ``{"session": id, "index": i, "message": {...}}``, with
+``"summary": true`` for a compaction summary and ``"override": {...}`` for a display
+override.  A flush is a snapshot of the whole transcript, so a spill file holds
+the latest list and is replaced atomically (write, fsync, rename).  File names
+are the session id made path-safe plus a hash of the exact id, so two ids never
+share a file and no id can name a path outside the directory.
+
+:func:`recover` folds spill files back into the log with ordinary, idempotent
+flushes: a recovery interrupted at any point is simply run again, and nothing is
+written twice.  A spill file whose list is already in the log (or is an older
+prefix of it) is removed without writing; one that diverges from what the log
+holds now is kept and reported, never applied over newer history.
+
+>>> import tempfile, os
+>>> from eventlog import EventLog
+>>> from eventlog.spill import SpillingWriter, recover
+>>> with tempfile.TemporaryDirectory() as tmp, EventLog.open(os.path.join(tmp, "log")) as log:
+...     writer = SpillingWriter(log, os.path.join(tmp, "spill"))
+...     writer.flush("chat", [{"role": "user", "content": "hi"}]).spilled
+...     recover(log, os.path.join(tmp, "spill")).recovered
+False
+[]
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import tempfile
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from hashlib import sha256
+from pathlib import Path
+from typing import Any
+
+from . import codec
+from .errors import (
+    ConflictError,
+    CorruptLogError,
+    EventLogError,
+    HistoryMismatchError,
+    InvalidMessageError,
+    ReadOnlyError,
+    StorageFullError,
+    UnknownSessionError,
+)
+from .log import SUMMARY_KEY, EventLog, FlushResult, check_session_id
+from .snapshot import is_ephemeral
+
+SUFFIX = ".jsonl"
+
+CALLER_ERRORS = (InvalidMessageError, ConflictError, HistoryMismatchError, UnknownSessionError)
+"""Errors about the caller's input, raised as they are: a spill would fail the same way later."""
+
+
+def spill_name(session_id: str) -> str:
+    """The spill file name of ``session_id``: path-safe, and distinct for distinct ids.
+
+    Unsafe characters become ``_`` and the readable part is cut to 60 characters;
+    the first 20 hex digits of SHA-256 of the exact id keep distinct ids apart.
+
+    >>> spill_name("../../etc/passwd")[:11]
+    'etc_passwd-'
+    """
+    check_session_id(session_id)
+    readable = re.sub(r"[^A-Za-z0-9._-]+", "_", session_id).strip("._-")[:60] or "session"
+    digest = sha256(session_id.encode("utf-8")).hexdigest()[:20]
+    return f"{readable}-{digest}{SUFFIX}"
+
+
+@dataclass(frozen=True, slots=True)
+class SpillResult:
+    """What :meth:`SpillingWriter.flush` did.
+
+    ``spilled`` is True when the log refused the write and the list went to
+    ``path``; then ``error`` is the log's error and ``result`` is None.  Otherwise
+    ``result`` is the log's :class:`~eventlog.FlushResult`.
+    """
+
+    spilled: bool
+    result: FlushResult | None = None
+    path: Path | None = None
+    error: EventLogError | None = None
+
+
+class SpillingWriter:
+    """Flushes into ``log``, spilling to ``spill_dir`` when the storage refuses the write.
+
+    ``ephemeral`` must be the rule the log was opened with (scaffolding is not
+    spilled, as it is not stored).  After a successful flush of a session that this
+    writer spilled, its spill file is removed: the log now holds the newer list.
+    """
+
+    def __init__(
+        self,
+        log: EventLog,
+        spill_dir: str | os.PathLike[str],
+        *,
+        ephemeral: Callable[[Any], bool] = is_ephemeral,
+    ) -> None:
+        self.log = log
+        self.spill_dir = Path(spill_dir)
+        self._ephemeral = ephemeral
+        self._spilled: set[str] = set()
+
+    def flush(
+        self,
+        session_id: str,
+        messages: Sequence[Mapping[str, Any]],
+        *,
+        overrides: Mapping[int, Mapping[str, Any]] | None = None,
+        replace: bool = False,
+    ) -> SpillResult:
+        """:meth:`EventLog.flush` ``messages``; spill them when the log cannot be written.
+
+        Raises the log's error for bad input or a history mismatch, and
+        :class:`OSError` (with the log's error as its cause) when the spill file
+        cannot be written either.
+        """
+        check_session_id(session_id)
+        try:
+            result = self.log.flush(session_id, messages, overrides=overrides, replace=replace)
+        except CALLER_ERRORS:
+            raise
+        except (StorageFullError, ReadOnlyError, CorruptLogError, EventLogError, OSError) as e:
+            error = e if isinstance(e, EventLogError) else EventLogError(str(e))
+            lines = self._lines(session_id, messages, overrides, replace, self._head(session_id))
+            try:
+                path = write_spill(self.spill_dir, session_id, lines)
+            except OSError as spill_error:
+                raise spill_error from e
+            self._spilled.add(session_id)
+            return SpillResult(True, None, path, error)
+        if session_id in self._spilled:
+            self._spilled.discard(session_id)
+            (self.spill_dir / spill_name(session_id)).unlink(missing_ok=True)
+        return SpillResult(False, result)
+
+    def _head(self, session_id: str) -> str | None:
+        """The stored head when the log can still be read (a full disk usually can), else None."""
+        try:
+            return self.log.head(session_id) or ""
+        except (EventLogError, OSError):
+            return None
+
+    def _lines(
+        self,
+        session_id: str,
+        messages: Sequence[Mapping[str, Any]],
+        overrides: Mapping[int, Mapping[str, Any]] | None,
+        replace: bool,
+        base: str | None,
+    ) -> list[dict[str, Any]]:
+        lines: list[dict[str, Any]] = []
+        for index, message in enumerate(messages):
+            if self._ephemeral(message):
+                continue
+            body = codec.strip(message)
+            codec.check(body, index)  # the log validated it already unless the log was unreachable
+            line: dict[str, Any] = {"session": session_id, "index": len(lines), "message": body}
+            if isinstance(message, Mapping) and message.get(SUMMARY_KEY):
+                line["summary"] = True
+            if overrides and index in overrides:
+                line["override"] = codec.strip(overrides[index])
+            if not lines:
+                if replace:
+                    line["replace"] = True
+                if base is not None:
+                    line["base"] = base  # the stored head the list was meant to replace
+            lines.append(line)
+        return lines
+
+
+def write_spill(spill_dir: str | os.PathLike[str], session_id: str, lines: list[dict[str, Any]]) -> Path:
+    """Atomically replace ``session_id``'s spill file with ``lines`` (written, fsynced, renamed)."""
+    directory = Path(spill_dir)
+    directory.mkdir(parents=True, exist_ok=True)
+    target = directory / spill_name(session_id)
+    fd, tmp = tempfile.mkstemp(prefix=".spill-", suffix=".tmp", dir=directory)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            for line in lines:
+                f.write(json.dumps(line, ensure_ascii=False, allow_nan=False, separators=(",", ":")))
+                f.write("\n")
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, target)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    dir_fd = os.open(directory, os.O_RDONLY)
+    try:
+        os.fsync(dir_fd)
+    finally:
+        os.close(dir_fd)
+    return target
+
+
+@dataclass(slots=True)
+class RecoveryReport:
+    """What :func:`recover` did: sessions written back, already present, and kept with why."""
+
+    recovered: list[str] = field(default_factory=list)
+    already_stored: list[str] = field(default_factory=list)
+    kept: dict[str, str] = field(default_factory=dict)
+    """Spill file name -> why it was left in place."""
+    appended: int = 0
+
+    @property
+    def ok(self) -> bool:
+        return not self.kept
+
+
+def read_spill(path: str | os.PathLike[str]) -> tuple[str, list[dict[str, Any]], dict[int, dict[str, Any]], bool, str | None]:
+    """Parse a spill file: ``(session_id, messages, overrides, replace, base)``.
+
+    ``base`` is the session's stored head when the list was spilled ("" for an
+    empty or new session, None when the log could not be read then).
+
+    Summary lines get their ``_compressed_summary`` flag back so the flush records
+    a compaction.  Raises :class:`ValueError` for a file that is not a whole spill.
+    """
+    session_id: str | None = None
+    messages: list[dict[str, Any]] = []
+    overrides: dict[int, dict[str, Any]] = {}
+    replace = False
+    base: str | None = None
+    with open(path, encoding="utf-8") as f:
+        for number, text in enumerate(f):
+            if not text.endswith("\n"):
+                raise ValueError(f"{path}: line {number + 1} is cut short")
+            line = json.loads(text)
+            if session_id is None:
+                session_id = line["session"]
+                base = line.get("base")
+            if line["session"] != session_id or line["index"] != len(messages) or not isinstance(line["message"], dict):
+                raise ValueError(f"{path}: line {number + 1} does not continue the spill")
+            message = dict(line["message"])
+            if line.get("summary"):
+                message[SUMMARY_KEY] = True
+            if "override" in line:
+                overrides[len(messages)] = line["override"]
+            replace = replace or bool(line.get("replace"))
+            messages.append(message)
+    if session_id is None:
+        raise ValueError(f"{path}: empty spill file")
+    return session_id, messages, overrides, replace, base
+
+
+def recover(log: EventLog, spill_dir: str | os.PathLike[str]) -> RecoveryReport:
+    """Fold every spill file in ``spill_dir`` back into ``log``, without duplicates.
+
+    Each file's list is flushed as a snapshot, then the file removed.  A list that
+    is already stored, or is a prefix of what is stored now (the log moved on
+    after the spill), is removed without writing.  A list that diverges from the
+    stored transcript (a rewind or an edit) is applied only when the session's
+    head is still the one recorded at spill time; otherwise the log holds newer
+    history and the file is kept and reported in :attr:`RecoveryReport.kept`.
+    Errors of the log itself are raised.
+    """
+    report = RecoveryReport()
+    directory = Path(spill_dir)
+    if not directory.is_dir():
+        return report
+    for path in sorted(directory.glob(f"*{SUFFIX}")):
+        try:
+            session_id, messages, overrides, replace, base = read_spill(path)
+        except (ValueError, KeyError, TypeError) as e:
+            report.kept[path.name] = f"unreadable: {e}"
+            continue
+        if path.name != spill_name(session_id):
+            report.kept[path.name] = f"names session {session_id!r}, whose spill file is {spill_name(session_id)}"
+            continue
+        stored = log.messages(session_id) if session_id in log else []
+        wanted = [codec.encode(codec.strip(m)) for m in messages]
+        have = [codec.encode(m) for m in stored]
+        if len(wanted) <= len(have) and have[: len(wanted)] == wanted and not overrides:
+            report.already_stored.append(session_id)
+        elif have and wanted[: len(have)] != have and base != (log.head(session_id) or ""):
+            report.kept[path.name] = (
+                f"session {session_id!r} now holds {len(have)} messages that the spilled list of "
+                f"{len(wanted)} does not extend; flush it yourself to decide"
+            )
+            continue
+        else:
+            result = log.flush(session_id, messages, overrides=overrides or None, replace=replace)
+            report.appended += result.appended
+            report.recovered.append(session_id)
+        path.unlink()
+    return report
+
+
+__all__ = ["RecoveryReport", "SpillResult", "SpillingWriter", "read_spill", "recover", "spill_name", "write_spill"]
