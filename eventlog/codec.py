@@ -62,11 +62,14 @@ def canonical(message: Any, index: int) -> bytes:
     return _encoder.encode(strip(message) if private or type(message) is not dict else message)
 
 
-def inspect(message: Any, index: int) -> bool:
+def inspect(message: Any, index: int, *, encoded: bool = False) -> bool:
     """Validate a message for storage; return whether it has top-level ``_`` keys.
 
     The values under ``_`` keys are process-local and not stored, so they are not
-    checked.  Raises :class:`InvalidMessageError` like :func:`canonical`.
+    checked.  ``encoded=True`` says the whole message was just encoded by msgspec
+    without error, which already proves its keys are ``str``, its text valid UTF-8
+    and its ints 64-bit, so only the types are left to check.  Raises
+    :class:`InvalidMessageError` like :func:`canonical`.
     """
     if not isinstance(message, Mapping):
         raise InvalidMessageError(f"messages[{index}]: {type(message).__name__} is not a mapping", index=index)
@@ -78,11 +81,14 @@ def inspect(message: Any, index: int) -> bool:
             private = True
             continue
         kind = type(item)
-        if (kind is str and item.isascii()) or item is None or kind is bool or (kind is int and -(2**63) <= item < 2**64):
-            continue  # the common leaves, without a call
-        if not key.isascii() and not _utf8_ok(key):
+        if encoded:
+            if kind is str or item is None or kind is bool or kind is int:
+                continue  # the common leaves, without a call
+        elif (kind is str and item.isascii()) or item is None or kind is bool or (kind is int and -(2**63) <= item < 2**64):
+            continue
+        if not encoded and not key.isascii() and not _utf8_ok(key):
             _raise([key], "key contains a lone surrogate", index)
-        found = _problem(item, 1)
+        found = _problem(item, 1, encoded)
         if found is not None:
             found[0].append(key)
             _raise(*found, index)
@@ -109,23 +115,30 @@ def _raise(path: list[Any], what: str, index: int) -> None:
     raise InvalidMessageError(f"messages[{index}]{where}: {what}", index=index, path=where)
 
 
-def _problem(value: Any, depth: int) -> tuple[list[Any], str] | None:
-    # Fast exact-type checks first; most values in a message are str.
+def _problem(value: Any, depth: int, encoded: bool = False) -> tuple[list[Any], str] | None:
+    """The path and description of the first value that is not JSON-like, or None.
+
+    ``encoded``: msgspec already encoded the value, so text and ints are known good.
+    """
     t = type(value)
     if t is str:
-        return None if value.isascii() or _utf8_ok(value) else ([], "str contains a lone surrogate")
+        return None if encoded or value.isascii() or _utf8_ok(value) else ([], "str contains a lone surrogate")
     if t is dict or isinstance(value, dict):
         if depth >= MAX_DEPTH:
             return [], f"nested deeper than {MAX_DEPTH} levels"
         for key, item in value.items():
             if type(key) is not str:
                 return [key], f"key {key!r} is a {type(key).__name__}, not a str"
-            if not key.isascii() and not _utf8_ok(key):
-                return [key], "key contains a lone surrogate"
             kind = type(item)
-            if (kind is str and item.isascii()) or item is None or kind is bool or (kind is int and -(2**63) <= item < 2**64):
-                continue  # the common leaves, without a call
-            found = _problem(item, depth + 1)
+            if encoded:
+                if kind is str or item is None or kind is bool or kind is int:
+                    continue  # the common leaves, without a call
+            else:
+                if not key.isascii() and not _utf8_ok(key):
+                    return [key], "key contains a lone surrogate"
+                if (kind is str and item.isascii()) or item is None or kind is bool:
+                    continue
+            found = _problem(item, depth + 1, encoded)
             if found is not None:
                 found[0].append(key)
                 return found
@@ -134,7 +147,10 @@ def _problem(value: Any, depth: int) -> tuple[list[Any], str] | None:
         if depth >= MAX_DEPTH:
             return [], f"nested deeper than {MAX_DEPTH} levels"
         for i, item in enumerate(value):
-            found = _problem(item, depth + 1)
+            kind = type(item)
+            if encoded and (kind is str or item is None or kind is bool or kind is int):
+                continue
+            found = _problem(item, depth + 1, encoded)
             if found is not None:
                 found[0].append(i)
                 return found
@@ -142,7 +158,7 @@ def _problem(value: Any, depth: int) -> tuple[list[Any], str] | None:
     if value is None or t is bool:
         return None
     if t is int:
-        return None if -(2**63) <= value < 2**64 else ([], "int does not fit in 64 bits")
+        return None if encoded or -(2**63) <= value < 2**64 else ([], "int does not fit in 64 bits")
     if t is float:
         return None if math.isfinite(value) else ([], f"float {value!r} is not JSON-like")
     if isinstance(value, str):  # str subclasses (enums) would not read back as themselves

@@ -171,7 +171,7 @@ def prepare(
             flags_out(True)
             continue
         flags_out(False)
-        private = inspect(message, index)
+        private = inspect(message, index, encoded=fast is not None)
         if fast is not None and not private and type(message) is dict:
             body = fast  # no `_` keys: the encoding just made is the canonical one
         else:

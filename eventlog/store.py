@@ -387,7 +387,12 @@ class Store:
                 self._pending_tail = before
 
     def reserve(self, nbytes: int) -> None:
-        """Grow the map ahead of a write of about ``nbytes``, so it need not be retried."""
+        """Grow the map ahead of a write of about ``nbytes``, so it need not be retried.
+
+        Small writes skip this: growing on ``MapFullError`` and retrying is cheap for them.
+        """
+        if nbytes < 4 * MIB:
+            return
         info = self.env.info()
         used = (info["last_pgno"] + 1) * self.env.stat()["psize"]
         wanted = used + 2 * nbytes + MIB
