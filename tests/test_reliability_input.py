@@ -113,7 +113,8 @@ def poisoned(draw: st.DrawFn) -> tuple[list[dict[str, Any]], int, str]:
     messages = [{"role": "user", "content": draw(json_values)} for _ in range(count)]
     index = draw(st.integers(0, count - 1))
     bad = draw(bad_leaves | st.builds(lambda k: {k: 1}, st.sampled_from([1, 2.5, None, b"k", (1, 2)])))
-    keys = draw(st.lists(st.text(min_size=1, max_size=5).filter(lambda k: not k.startswith("_")), min_size=1, max_size=4))
+    # Plain keys, so the path can be compared as text (quotes in keys are rendered lossily).
+    keys = draw(st.lists(st.text("abcxyzéø0123", min_size=1, max_size=5), min_size=1, max_size=4))
     holder: dict[str, Any] = messages[index]
     path = ""
     for key in keys[:-1]:
@@ -136,7 +137,7 @@ def test_bad_values_are_refused_naming_index_and_path_and_nothing_is_written(sha
     assert isinstance(caught.value, ValueError)
     assert caught.value.index == index
     assert str(caught.value).startswith(f"messages[{index}]")
-    assert path.replace('"', "") in str(caught.value).replace('"', "").replace("'", ""), str(caught.value)
+    assert str(caught.value).startswith(f"messages[{index}]{path}"), str(caught.value)
     assert shared_log.last_seq == before
     assert session not in shared_log
     with pytest.raises(InvalidMessageError):
