@@ -14,6 +14,7 @@ gives the same tables as a rebuild.
 from __future__ import annotations
 
 import sqlite3
+from concurrent.futures import Executor, Future
 from typing import Any, Final
 
 from eventlog import codec
@@ -93,6 +94,7 @@ INDEX_PENDING: Final = (
 UPDATE_DERIVED: Final = f"UPDATE messages SET {', '.join(f'{c} = ?' for c in DERIVED)} WHERE id = ?"
 
 ROWS_PER_WRITE: Final = 5000
+"""Appended rows are written with one ``executemany`` per this many rows."""
 
 
 class Applier:
@@ -101,14 +103,27 @@ class Applier:
     ``indexed_upto`` is the ``messages.id`` up to which the search index is current:
     rows above it are indexed later, in bulk, by :func:`index_pending`; rows at or
     below it are removed from the index when they are tombstoned or re-displayed.
+
+    With an ``executor`` (one worker thread), a bulk of appended rows is indexed in
+    the background while the next rows are decoded: the FTS insert is one SQLite
+    statement that runs without the GIL.  The connection is never used by both
+    threads at once: every other use of it first waits for the background job.
+    ``fresh``: the tables were empty when the transaction began (a rebuild), so a
+    session not seen yet does not exist and is not looked up.
     """
 
-    def __init__(self, db: sqlite3.Connection, indexed_upto: int) -> None:
+    def __init__(
+        self, db: sqlite3.Connection, indexed_upto: int, *, executor: Executor | None = None, fresh: bool = False
+    ) -> None:
         self.db = db
         self.indexed_upto = indexed_upto
+        self.executor = executor
+        self.fresh = fresh
         self.rows: list[tuple[Any, ...]] = []
         self.sessions: dict[str, list[Any]] = {}
+        self.touched: set[str] = set()
         self.messages = 0
+        self._job: Future[None] | None = None
 
     # -- public ----------------------------------------------------------------
 
@@ -135,9 +150,15 @@ class Applier:
     def finish(self) -> None:
         """Write buffered rows and the touched sessions."""
         self._write_rows()
-        if self.sessions:
-            self.db.executemany(SAVE_SESSION, self.sessions.values())
-            self.sessions.clear()
+        if self.touched:
+            self.db.executemany(SAVE_SESSION, [self.sessions[sid] for sid in sorted(self.touched)])
+            self.touched.clear()
+
+    def drain(self) -> None:
+        """Wait for a background job without raising (the transaction is failing anyway)."""
+        job, self._job = self._job, None
+        if job is not None:
+            job.exception()
 
     # -- events ----------------------------------------------------------------
 
@@ -188,7 +209,7 @@ class Applier:
         session[8] = position + count
         session[9] = nodes[-32:]
         if len(rows) >= ROWS_PER_WRITE:
-            self._write_rows()
+            self._write_rows(index=True)
 
     def _tombstone(self, record: Record, event: ev.MessagesTombstoned, session: list[Any]) -> None:
         self._write_rows()
@@ -279,9 +300,12 @@ class Applier:
     def _session(self, sid: str, record: Record) -> list[Any]:
         session = self.sessions.get(sid)
         if session is None:
-            found = self.db.execute(
-                f"SELECT {', '.join(SESSION_COLUMNS)} FROM sessions WHERE id = ?", (sid,)
-            ).fetchone()
+            found = None
+            if not self.fresh:
+                self._wait()
+                found = self.db.execute(
+                    f"SELECT {', '.join(SESSION_COLUMNS)} FROM sessions WHERE id = ?", (sid,)
+                ).fetchone()
             if found is not None:
                 session = list(found)
             else:
@@ -289,6 +313,7 @@ class Applier:
                 session = [sid, None, None, record.seq, record.time_ns, None, None, None, 0, None, record.seq]
                 session += [None, None, None, "{}", "{}", 0, 0, 0, 0, 0, 0, 0, 0.0]
             self.sessions[sid] = session
+        self.touched.add(sid)
         return session
 
     def _node_at(self, sid: str, position: int) -> bytes | None:
@@ -307,10 +332,29 @@ class Applier:
         message: dict[str, Any] = from_json(found[0])
         return message
 
-    def _write_rows(self) -> None:
-        if self.rows:
-            self.db.executemany(INSERT_ROW, self.rows)
-            self.rows.clear()
+    def _write_rows(self, *, index: bool = False) -> None:
+        """Write the buffered rows; with ``index``, also feed them to the search index.
+
+        Returns with the connection free (no background job) unless ``index`` is set.
+        """
+        self._wait()
+        if not self.rows:
+            return
+        self.db.executemany(INSERT_ROW, self.rows)
+        self.rows.clear()
+        if index:
+            if self.executor is not None:
+                self._job = self.executor.submit(self._index)
+            else:
+                self._index()
+
+    def _index(self) -> None:
+        self.indexed_upto = index_pending(self.db, self.indexed_upto)
+
+    def _wait(self) -> None:
+        job, self._job = self._job, None
+        if job is not None:
+            job.result()
 
 
 def index_pending(db: sqlite3.Connection, indexed_upto: int) -> int:

@@ -17,6 +17,7 @@ import os
 import sqlite3
 import threading
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any
 
@@ -62,6 +63,7 @@ class SQLiteProjection:
         self.search_lag = search_lag
         self.batch = batch
         self._lock = threading.RLock()
+        self._pool: ThreadPoolExecutor | None = None
         try:
             self._db = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False, timeout=60)
         except sqlite3.Error as e:
@@ -85,6 +87,9 @@ class SQLiteProjection:
             try:
                 self.sync_search()
             finally:
+                if self._pool is not None:
+                    self._pool.shutdown()
+                    self._pool = None
                 self._db.close()
                 self._db = None  # type: ignore[assignment]
 
@@ -124,8 +129,11 @@ class SQLiteProjection:
             records = iter(log.events(after=after))
             while chunk := self._chunk(records):
                 with self._write():
-                    done = self._apply_chunk(log_id, chunk)
-                applied += done
+                    self._claim(log_id)
+                    _, last, indexed = self._checkpoint()
+                    applier = Applier(self._db, indexed, executor=self._executor())
+                    applied += self._apply_chunk(applier, last, chunk)
+                    self._index(force=False)
             return applied
 
     def rebuild(self, log: EventLog) -> int:
@@ -138,10 +146,13 @@ class SQLiteProjection:
             schema.drop(self._db)
             schema.create(self._db)
             self._db.execute("UPDATE checkpoint SET log_id = ?", (log.id,))
+            # One applier for the whole transaction: sessions stay in memory and are
+            # written once, and bulk rows are indexed in the background as they come.
+            applier = Applier(self._db, 0, executor=self._executor(), fresh=True)
             applied = 0
             records = iter(log.events(after=0))
             while chunk := self._chunk(records):
-                applied += self._apply_chunk(log.id, chunk, index=False)
+                applied += self._apply_chunk(applier, applied, chunk)
             self._index(force=True)
             return applied
 
@@ -225,27 +236,36 @@ class SQLiteProjection:
 
     # -- internals -------------------------------------------------------------
 
-    def _apply_chunk(self, log_id: str, chunk: list[Record], *, index: bool = True) -> int:
-        """Apply ``chunk`` inside the open transaction; return how many events were new."""
-        self._claim(log_id)
-        _, last, indexed = self._checkpoint()
-        fresh = [record for record in chunk if record.seq > last]  # others may have applied some
+    def _apply_chunk(self, applier: Applier, last: int, chunk: list[Record]) -> int:
+        """Apply the events of ``chunk`` after seq ``last`` inside the open transaction.
+
+        Records the checkpoint (and how far the search index got) with the rows;
+        returns how many events were new (another process may have applied some).
+        """
+        fresh = [record for record in chunk if record.seq > last]
         if not fresh:
             return 0
-        applier = Applier(self._db, indexed)
         expected = last + 1
-        for record in fresh:
-            if record.seq != expected:
-                raise ProjectionCorruptError(
-                    f"{self.path}: expected event {expected} after the checkpoint, got {record.seq}"
-                )
-            applier.apply(record)
-            expected += 1
-        applier.finish()
-        self._db.execute("UPDATE checkpoint SET last_seq = ?", (fresh[-1].seq,))
-        if index:
-            self._index(force=False)
+        try:
+            for record in fresh:
+                if record.seq != expected:
+                    raise ProjectionCorruptError(
+                        f"{self.path}: expected event {expected} after the checkpoint, got {record.seq}"
+                    )
+                applier.apply(record)
+                expected += 1
+            applier.finish()
+        finally:
+            applier.drain()
+        self._db.execute(
+            "UPDATE checkpoint SET last_seq = ?, indexed_upto = ?", (fresh[-1].seq, applier.indexed_upto)
+        )
         return len(fresh)
+
+    def _executor(self) -> ThreadPoolExecutor:
+        if self._pool is None:
+            self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="projection-search")
+        return self._pool
 
     def _claim(self, log_id: str) -> None:
         """Record ``log_id`` as the projected log, or refuse another one (inside the open transaction)."""

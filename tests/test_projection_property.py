@@ -75,7 +75,7 @@ def run(log: EventLog, op: tuple[Any, ...]) -> None:
         log.flush(sid, live + op[2])
     elif kind == "edit" and live:
         k = op[2] % len(live)
-        log.flush(sid, live[:k] + [op[3]] + live[k + 1 :])
+        log.flush(sid, live[:k] + [op[3]] + live[k + 1 :], replace=k == 0)
     elif kind == "truncate" and live:
         k = op[2] % len(live)
         log.flush(sid, live[:k] if k else live[:1], replace=k == 0)
@@ -111,8 +111,11 @@ def live_words(proj: SQLiteProjection, sessions: list[str]) -> dict[str, set[tup
 @settings(max_examples=int(os.environ.get("PROJECTION_EXAMPLES", "60")), deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(
     st.lists(st.tuples(operation, projection_step), min_size=1, max_size=25),
+    st.integers(1, 20),
 )
-def test_incremental_with_restarts_equals_rebuild(steps: list[tuple[tuple[Any, ...], tuple[Any, ...]]]) -> None:
+def test_incremental_with_restarts_equals_rebuild(
+    steps: list[tuple[tuple[Any, ...], tuple[Any, ...]]], rebuild_batch: int
+) -> None:
     with tempfile.TemporaryDirectory() as tmp_dir:
         tmp = Path(tmp_dir)
         with EventLog.open(tmp / "log", durability="none") as log:
@@ -138,7 +141,7 @@ def test_incremental_with_restarts_equals_rebuild(steps: list[tuple[tuple[Any, .
                 hits = {(h["session_id"], h["position"]) for h in proj.search(word, limit=10_000)}
                 assert hits == expected[word], word
             proj.close()
-            with SQLiteProjection(tmp / "full.db") as full:
+            with SQLiteProjection(tmp / "full.db", batch=rebuild_batch) as full:
                 assert full.rebuild(log) == log.last_seq
             incremental = dump(tmp / "inc.db")
             assert incremental == dump(tmp / "full.db")
