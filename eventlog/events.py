@@ -118,12 +118,13 @@ REASONS: Final = ("rewind", "compaction", "edit", "clear")
 """Why messages were tombstoned."""
 
 class AppendedBodies(msgspec.Struct, tag=2, tag_field="k"):
-    """A read-side view of :class:`MessagesAppended`: only the bodies, decoded to Python values.
+    """A read-side view of :class:`MessagesAppended`: the bodies decoded to Python values, and digests.
 
     Replay decodes a whole event's messages in one call this way (a carried body is None).
     """
 
     bodies: list[Any]
+    digests: bytes = b""
 
 
 encoder = msgspec.msgpack.Encoder()

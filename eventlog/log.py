@@ -531,7 +531,7 @@ class EventLog:
             else:
                 occurrences, live = replay(store, txn, session_id, as_of)
                 reader = BodyReader(store, txn)
-                out = reader.messages(occurrences[i].source for i in live)
+                out = reader.messages((bytes.fromhex(occurrences[i].digest), *occurrences[i].source) for i in live)
         return repair(out) if repair_tool_calls else out
 
     def history(self, session_id: str) -> list[Occurrence]:

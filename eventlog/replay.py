@@ -20,7 +20,7 @@ import msgspec
 from . import codec
 from . import events as ev
 from .errors import CorruptLogError
-from .store import HEADER, SessionState, Store
+from .store import HEADER, SessionState, Store, event_hash, state_key
 
 
 @dataclass(frozen=True, slots=True)
@@ -53,7 +53,13 @@ class Occurrence:
 
 
 class BodyReader:
-    """Fetches message bodies by ``(seq, index)``, decoding each event once per read."""
+    """Fetches message bodies for one read transaction, decoding each event once.
+
+    Before an event's bodies are used, the event is checked against its hash as
+    recorded by the next event (or, for a session's newest event, by the session's
+    state), and each message's content digest in the live chain against the event's
+    digest column: a damaged file gives :class:`CorruptLogError`, never a wrong message.
+    """
 
     def __init__(self, store: Store, txn: lmdb.Transaction) -> None:
         self.store = store
@@ -63,9 +69,7 @@ class BodyReader:
     def appended(self, seq: int) -> ev.MessagesAppended:
         found = self._events.get(seq)
         if found is None:
-            raw = self.store.raw_event(self.txn, seq)
-            if raw is None:
-                raise CorruptLogError(f"{self.store.path}: event {seq} holding a message body is missing")
+            raw = self._raw(seq)
             found = self.store.load(seq, raw).event  # type: ignore[assignment]
             if not isinstance(found, ev.MessagesAppended):
                 raise CorruptLogError(f"{self.store.path}: event {seq} holds no message bodies")
@@ -82,27 +86,34 @@ class BodyReader:
             raise CorruptLogError(f"{self.store.path}: event {seq} message {index} is a reference, not a body")
         return bytes(body)
 
-    def messages(self, locations: Iterable[tuple[int, int]]) -> list[dict[str, Any]]:
-        """The messages stored at ``locations``, each a fresh dict the caller may change."""
-        decoded: dict[int, list[Any]] = {}
+    def messages(self, locations: Iterable[tuple[bytes, int, int]]) -> list[dict[str, Any]]:
+        """The messages stored at ``(digest, seq, index)`` locations, each a fresh dict."""
+        decoded: dict[int, ev.AppendedBodies] = {}
         out: list[dict[str, Any]] = []
         # Consecutive positions mostly sit at consecutive indexes of one event: take
-        # those runs as slices of the event's decoded bodies.
-        for seq, run in groupby(locations, key=itemgetter(0)):
-            bodies = decoded.get(seq)
-            if bodies is None:
-                bodies = decoded[seq] = self._bodies(seq)
-            indexes = [index for _, index in run]
-            first = indexes[0]
-            if indexes[-1] - first == len(indexes) - 1 and 0 <= first and indexes[-1] < len(bodies) and (
-                len(indexes) == 1 or indexes == list(range(first, first + len(indexes)))
+        # those runs as slices of the event's decoded bodies, and check their digests
+        # with one comparison.
+        for seq, run in groupby(locations, key=itemgetter(1)):
+            event = decoded.get(seq)
+            if event is None:
+                event = decoded[seq] = self._bodies(seq)
+            bodies, digests = event.bodies, event.digests
+            entries = list(run)
+            first, last = entries[0][2], entries[-1][2]
+            wanted = b"".join([entry[0] for entry in entries])
+            if last - first == len(entries) - 1 and 0 <= first and last < len(bodies) and (
+                len(entries) == 1 or [entry[2] for entry in entries] == list(range(first, last + 1))
             ):
-                chunk = bodies[first : first + len(indexes)]
+                chunk = bodies[first : last + 1]
+                stored = digests[32 * first : 32 * last + 32]
             else:
                 try:
-                    chunk = [bodies[index] for index in indexes]
+                    chunk = [bodies[entry[2]] for entry in entries]
                 except IndexError:
                     raise CorruptLogError(f"{self.store.path}: event {seq} has fewer messages than referenced") from None
+                stored = b"".join([digests[32 * entry[2] : 32 * entry[2] + 32] for entry in entries])
+            if stored != wanted:
+                raise CorruptLogError(f"{self.store.path}: the live chain and event {seq} disagree on a message's digest")
             out.extend(chunk)
         if not all(type(message) is dict for message in out):
             raise CorruptLogError(f"{self.store.path}: a live message refers to a reference, not a body")
@@ -115,13 +126,28 @@ class BodyReader:
                 seen.add(id(message))
         return out
 
-    def _bodies(self, seq: int) -> list[Any]:
+    def _raw(self, seq: int) -> bytes:
+        """The stored bytes of event ``seq``, checked against the hash the log recorded for it."""
+        store, txn = self.store, self.txn
+        raw = store.raw_event(txn, seq)
+        if raw is None or len(raw) < HEADER.size:
+            raise CorruptLogError(f"{store.path}: event {seq} holding a message body is missing")
+        following = store.raw_event(txn, seq + 1)
+        if following is not None:
+            recorded = following[:32]
+        else:
+            number = HEADER.unpack_from(raw)[3]
+            state = txn.get(state_key(number), db=store.index)
+            recorded = SessionState.unpack(number, state).last_hash if state is not None else b""
+        if event_hash(seq, raw) != recorded:
+            raise CorruptLogError(f"{store.path}: event {seq} does not match its recorded hash; the log is damaged (run verify)")
+        return raw
+
+    def _bodies(self, seq: int) -> ev.AppendedBodies:
         """Every message of event ``seq``, decoded in one call."""
-        raw = self.store.raw_event(self.txn, seq)
-        if raw is None:
-            raise CorruptLogError(f"{self.store.path}: event {seq} holding a message body is missing")
+        raw = self._raw(seq)
         try:
-            return ev.bodies_decoder.decode(memoryview(raw)[HEADER.size :]).bodies
+            return ev.bodies_decoder.decode(memoryview(raw)[HEADER.size :])
         except msgspec.DecodeError as e:
             raise CorruptLogError(f"{self.store.path}: event {seq} holds no readable message bodies ({e})") from e
 
@@ -212,7 +238,7 @@ def replay(store: Store, txn: lmdb.Transaction, session_id: str, upto: int | Non
 
 def fill(store: Store, txn: lmdb.Transaction, occurrences: list[Occurrence]) -> None:
     """Load the message body of each occurrence."""
-    messages = BodyReader(store, txn).messages(occ.source for occ in occurrences)
+    messages = BodyReader(store, txn).messages((bytes.fromhex(occ.digest), *occ.source) for occ in occurrences)
     for occ, message in zip(occurrences, messages):
         occ.message = message
 

@@ -53,12 +53,14 @@ SEQ = struct.Struct(">Q")
 PAIR = struct.Struct(">QQ")
 HEADER = struct.Struct(">32sQBQQ")
 """Envelope: previous hash, time (ns), kind, session number, session's previous seq."""
-STATE = struct.Struct(">Q32sQB")
-"""Session state: live length, head node, last seq, closed flag."""
+STATE = struct.Struct(">Q32sQ32sB")
+"""Session state: live length, head node, last seq, hash of that last event, closed flag.
+
+The hash anchors the newest event of the log, which no later event names yet."""
 LINK = struct.Struct(">32s32sQI")
 """Chain entry: node digest, content digest, seq and index of the stored body."""
-LOCATION = struct.Struct(">64xQI")
-"""The body location part of a chain entry."""
+LOCATION = struct.Struct(">32x32sQI")
+"""The content digest and body location of a chain entry."""
 
 DURABILITY: Final = {
     # mode: (sync, metasync)
@@ -68,6 +70,9 @@ DURABILITY: Final = {
 }
 
 MIB = 1 << 20
+PAGE = 4096
+READER_CHECK_EVERY = 64
+"""Commits between sweeps of reader slots left by dead processes (they pin old pages)."""
 
 
 @dataclass(slots=True)
@@ -76,17 +81,18 @@ class SessionState:
     length: int
     head: bytes
     last_seq: int
+    last_hash: bytes = bytes(32)
     closed: bool = False
     new: bool = False
     """Created by the open transaction (its id is not registered yet)."""
 
     def pack(self) -> bytes:
-        return STATE.pack(self.length, self.head, self.last_seq, self.closed)
+        return STATE.pack(self.length, self.head, self.last_seq, self.last_hash, self.closed)
 
     @classmethod
     def unpack(cls, number: int, raw: bytes) -> SessionState:
-        length, head, last_seq, closed = STATE.unpack(raw)
-        return cls(number, length, head, last_seq, bool(closed))
+        length, head, last_seq, last_hash, closed = STATE.unpack(raw)
+        return cls(number, length, head, last_seq, last_hash, bool(closed))
 
 
 def chain_key(number: int, position: int) -> bytes:
@@ -125,11 +131,22 @@ def translate(e: lmdb.Error, path: str) -> EventLogError:
         return StorageFullError(f"{path}: the log reached its maximum size ({text})")
     if code == errno.ENOSPC or "No space left" in text:
         return StorageFullError(f"{path}: no space left on device ({text})")
+    if (code == errno.EIO or "Input/output error" in text) and _nearly_full(path):
+        # LMDB reports a failed write of its pages as EIO; on a full disk, say so.
+        return StorageFullError(f"{path}: no space left on device ({text})")
     if isinstance(e, lmdb.ReadonlyError) or code in (errno.EROFS, errno.EACCES, errno.EPERM) or "Read-only" in text:
         return ReadOnlyError(f"{path}: cannot write the log ({text})")
     if isinstance(e, (lmdb.CorruptedError, lmdb.PageNotFoundError, lmdb.InvalidError, lmdb.VersionMismatchError, lmdb.PanicError, lmdb.BadChecksumError)):
         return CorruptLogError(f"{path}: the log's files are damaged ({type(e).__name__}: {text})")
     return EventLogError(f"{path}: {type(e).__name__}: {text}")
+
+
+def _nearly_full(path: str) -> bool:
+    try:
+        st = os.statvfs(path)
+    except OSError:
+        return False
+    return st.f_bavail * st.f_frsize < 4 * MIB
 
 
 class Store:
@@ -160,6 +177,10 @@ class Store:
             raise FileNotFoundError(f"{self.path}: no event log here")
         if max_map_size is not None:
             map_size = min(map_size, max_map_size)
+        data = os.path.join(self.path, "data.mdb")
+        if os.path.exists(data) and os.path.getsize(data) < 2 * PAGE:
+            # LMDB would quietly start a new, empty log over a truncated file.
+            raise CorruptLogError(f"{data}: the data file is truncated ({os.path.getsize(data)} bytes); restore it from a backup")
         try:
             self.env = lmdb.open(
                 self.path,
@@ -173,14 +194,28 @@ class Store:
                 max_readers=512,
                 lock=True,
             )
-            # Reader slots of processes that died holding a transaction pin old pages.
-            self.env.reader_check()
-            self.events = self.env.open_db(b"events", create=not readonly)
-            self.meta = self.env.open_db(b"meta", create=not readonly)
-            self.sessions = self.env.open_db(b"sessions", create=not readonly)
-            self.index = self.env.open_db(b"index", create=not readonly)
         except lmdb.Error as e:
             raise translate(e, self.path) from e
+        try:
+            self._check_file_size(data)
+            # Reader slots of processes that died holding a transaction pin old pages.
+            self.env.reader_check()
+            for _ in range(100):
+                try:
+                    self.events = self.env.open_db(b"events", create=not readonly)
+                    self.meta = self.env.open_db(b"meta", create=not readonly)
+                    self.sessions = self.env.open_db(b"sessions", create=not readonly)
+                    self.index = self.env.open_db(b"index", create=not readonly)
+                    break
+                except lmdb.MapResizedError:
+                    self.env.set_mapsize(0)  # another process grew the map: adopt its size
+        except lmdb.Error as e:
+            self.env.close()
+            raise translate(e, self.path) from e
+        except BaseException:
+            self.env.close()
+            raise
+        self._identity = _file_identity(data)
         # In-process coordination: one writer at a time, and no transaction open
         # while the map is resized (LMDB requires that of set_mapsize).
         self._write_lock = threading.Lock()
@@ -232,6 +267,25 @@ class Store:
             raise CorruptLogError(f"{self.path}: not an event log (no id)")
         return bytes(found)
 
+    def _check_file_size(self, data: str) -> None:
+        """Refuse a data file shorter than the pages its meta page says are in use.
+
+        Reading past the end of a truncated, memory-mapped file would kill the
+        process with SIGBUS instead of raising.
+        """
+        info = self.env.info()
+        needed = (info["last_pgno"] + 1) * self.env.stat()["psize"]
+        size = os.path.getsize(data) if os.path.exists(data) else 0
+        if size < needed:
+            raise CorruptLogError(f"{data}: the data file is truncated ({size} bytes, {needed} in use); restore it from a backup")
+
+    def _check_identity(self) -> None:
+        """Refuse to write when the log's files were replaced or removed under this process."""
+        if _file_identity(os.path.join(self.path, "data.mdb")) != self._identity:
+            raise CorruptLogError(
+                f"{self.path}: the log's files were replaced or removed while it was open; reopen the log"
+            )
+
     # -- transactions ----------------------------------------------------------
 
     @contextmanager
@@ -262,6 +316,7 @@ class Store:
     @contextmanager
     def read(self) -> Iterator[lmdb.Transaction]:
         """A read-only snapshot transaction."""
+        self._check_identity()
         while True:
             with self._slot():
                 try:
@@ -310,6 +365,13 @@ class Store:
 
     def _commit_group(self, group: list[_Request]) -> None:
         """Run every request of ``group`` in one write transaction and commit once."""
+        try:
+            self._check_identity()
+        except CorruptLogError as e:
+            _fail(group, e)
+            return
+        if self.commits % READER_CHECK_EVERY == READER_CHECK_EVERY - 1:
+            self.env.reader_check()
         while True:
             with self._slot():
                 try:
@@ -330,6 +392,8 @@ class Store:
                         return
                     except lmdb.MapFullError:
                         txn.abort()
+                        if self.env.reader_check():
+                            continue  # dead readers pinned free pages; retry before growing
                         try:
                             grow_to = self._next_size()
                         except StorageFullError as e:
@@ -472,8 +536,8 @@ class Store:
             raise CorruptLogError(f"{self.path}: live chain of session {number} is shorter than its length")
         return out
 
-    def locations(self, txn: lmdb.Transaction, number: int, length: int) -> list[tuple[int, int]]:
-        """The body location of each live message of session ``number``, in order."""
+    def locations(self, txn: lmdb.Transaction, number: int, length: int) -> list[tuple[bytes, int, int]]:
+        """The content digest and body location of each live message of session ``number``, in order."""
         if not length:
             return []
         cursor = txn.cursor(db=self.index)
@@ -520,6 +584,14 @@ def _fail(group: list[_Request], error: BaseException) -> None:
         request.done = True
 
 
+def _file_identity(path: str) -> tuple[int, int] | None:
+    try:
+        st = os.stat(path)
+    except FileNotFoundError:
+        return None
+    return st.st_dev, st.st_ino
+
+
 def event_hash(seq: int, raw: bytes) -> bytes:
     return sha256(SEQ.pack(seq) + raw).digest()
 
@@ -549,6 +621,7 @@ class Batch:
         self.hash = sha256(key + raw).digest()
         self.store._pending_tail = (seq, self.hash)
         state.last_seq = seq
+        state.last_hash = self.hash
         return seq
 
     def save(self, session_id: str, state: SessionState) -> None:

@@ -71,12 +71,16 @@ def verify(store: Store, *, progress: Callable[[int, int], None] | None = None, 
     prev_hash = bytes(32)
     expected_seq = 1
     last_of: dict[str, int] = {}  # session -> seq of its last event
+    hashes: dict[int, bytes] = {}  # seq -> hash, for each session's last event
     with store.read() as txn:
         total = store.last_seq(txn)
         cursor = txn.cursor(db=store.events)
         for key, raw in cursor:
             if len(problems) >= limit:
                 break
+            if len(key) != SEQ.size:
+                problems.append(Problem(0, f"events: malformed key {bytes(key)!r}"))
+                continue
             seq = SEQ.unpack(key)[0]
             report.events += 1
             if seq != expected_seq:
@@ -99,13 +103,15 @@ def verify(store: Store, *, progress: Callable[[int, int], None] | None = None, 
                 problems.append(Problem(seq, f"envelope kind {kind} does not match the payload"))
             if before != last_of.get(event.session, 0):
                 problems.append(Problem(seq, f"envelope does not link to the previous event of session {event.session!r}"))
+            hashes.pop(last_of.get(event.session, 0), None)
             last_of[event.session] = seq
+            hashes[seq] = prev_hash
             _check_event(seq, event, chains, digests, problems, report)
             if progress is not None and report.events % 4096 == 0:
                 progress(report.events, total)
         if report.events != total:
             problems.append(Problem(0, f"the log ends at event {total}, but {report.events} events were found"))
-        _check_indexes(store, txn, chains, last_of, problems)
+        _check_indexes(store, txn, chains, last_of, hashes, problems)
     report.sessions = len(chains)
     if progress is not None:
         progress(report.events, total)
@@ -184,6 +190,7 @@ def _check_indexes(
     txn,  # noqa: ANN001
     chains: dict[str, list[tuple[bytes, bytes, int, int]]],
     last_of: dict[str, int],
+    hashes: dict[int, bytes],
     problems: list[Problem],
 ) -> None:
     seen = 0
@@ -204,6 +211,9 @@ def _check_indexes(
         if state.last_seq != last_of.get(session):
             # A missing last event (a truncated log) shows up here too.
             problems.append(Problem(0, f"index: session {session!r} says its last event is {state.last_seq}, the log says {last_of.get(session)}"))
+        elif state.last_hash != hashes.get(state.last_seq):
+            # The newest events are named by no later event: their session state anchors them.
+            problems.append(Problem(state.last_seq, f"does not hash to what session {session!r} recorded for it"))
         cursor = txn.cursor(db=store.index)
         stored = []
         prefix = chain_key(number, 0)[:9]

@@ -207,11 +207,6 @@ def _growth(path: Path, stale: bool) -> int:
         return log.info()["used_bytes"] - start
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="Store runs reader_check() only at open: a reader killed while a long-lived writer runs pins "
-    "every page freed afterwards, so the map grows (and max_map_size is hit) until the writer reopens",
-)
 def test_stale_reader_slot_does_not_make_a_running_writer_grow(tmp_path: Path) -> None:
     control = _growth(tmp_path / "control", stale=False)
     stale = _growth(tmp_path / "stale", stale=True)

@@ -110,11 +110,6 @@ def test_disk_full_leaves_no_partial_event_and_the_next_write_after_freeing_spac
         assert [m["content"] for m in log.messages("s")] == [m["content"] for m in transcript]
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="LMDB reports a short write on a full disk as EIO (mdb_txn_commit: Input/output error); "
-    "store.translate() maps only ENOSPC to StorageFullError, so a full disk is a generic EventLogError",
-)
 def test_disk_full_is_a_storage_full_error(tmpfs: Path) -> None:
     (tmpfs / "filler").write_bytes(b"x" * 1_000_000)
     with EventLog.open(tmpfs / "log") as log:
@@ -217,11 +212,6 @@ def test_verify_finds_any_changed_byte_in_an_event_before_the_newest(tmp_path: P
     assert checked > 500
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="the log no longer records the hash of its last event (meta 'tail'): nothing chains to the "
-    "newest event, so a change to its envelope (time) or to an unchecked payload field goes unnoticed",
-)
 def test_verify_finds_any_changed_byte_in_the_newest_event(tmp_path: Path) -> None:
     path = tmp_path / "log"
     _small_log(path)
@@ -262,11 +252,6 @@ def test_verify_finds_a_removed_or_reordered_event(tmp_path: Path) -> None:
         assert not log.verify().ok
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="verify() unpacks every events key with SEQ.unpack: a key that is not 8 bytes "
-    "escapes as struct.error instead of being reported as a problem",
-)
 def test_verify_reports_a_malformed_event_key(tmp_path: Path) -> None:
     path = tmp_path / "log"
     _small_log(path)
@@ -285,11 +270,6 @@ def _body_event(path: Path, marker: bytes) -> tuple[bytes, bytes, int]:
     raise AssertionError(f"{marker!r} not found in any event")
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="messages() decodes stored bodies without checking their content digest: a changed "
-    "byte in a body is returned as the message (only verify() notices)",
-)
 def test_a_changed_body_is_never_returned_as_the_message(tmp_path: Path) -> None:
     path = tmp_path / "log"
     _small_log(path)
@@ -330,12 +310,6 @@ def _probe(path: Path) -> tuple[int, dict[str, object]]:
     return done.returncode, (json.loads(done.stdout) if done.returncode == 0 and done.stdout else {"stderr": done.stderr[-500:]})
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="a data.mdb cut short is mapped as is: reading a page past the end kills the process "
-    "with SIGBUS instead of raising CorruptLogError (the file size is not checked against the "
-    "last page the meta page names)",
-)
 def test_a_truncated_data_file_is_a_clear_error_not_a_crash(tmp_path: Path) -> None:
     path = tmp_path / "log"
     with EventLog.open(path) as log:
@@ -348,10 +322,6 @@ def test_a_truncated_data_file_is_a_clear_error_not_a_crash(tmp_path: Path) -> N
     assert outcome.get("error") == "CorruptLogError"
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="a data.mdb truncated to 0 bytes is silently initialised as a new, empty log with a new id",
-)
 def test_a_data_file_truncated_to_nothing_is_not_silently_a_new_empty_log(tmp_path: Path) -> None:
     path = tmp_path / "log"
     before = _small_log(path)
@@ -411,11 +381,6 @@ def test_a_garbage_or_missing_lock_file_left_by_dead_processes_is_recovered(tmp_
         assert len(log.messages("a")) == len(expected["a"]) + 1
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="a process keeps writing into a log directory that was removed and recreated under it: "
-    "its flushes are acknowledged but land in the deleted files, invisible to every other opener",
-)
 def test_a_log_directory_replaced_under_a_running_process_is_detected(tmp_path: Path) -> None:
     path = tmp_path / "log"
     with EventLog.open(path) as running:
@@ -440,12 +405,6 @@ with EventLog.open(sys.argv[1], durability="none") as log:
 """
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="Store.__init__ does not handle MapResizedError: when another process grows the map between "
-    "lmdb.open() and the first transaction, EventLog.open fails with EventLogError(MapResizedError) "
-    "(seen in the crash harness: writers failing to start)",
-)
 def test_open_while_another_process_grows_the_map(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     path = tmp_path / "log"
     with EventLog.open(path) as log:
