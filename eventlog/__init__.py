@@ -25,7 +25,9 @@ from .errors import (
 from .log import COUNTERS, EMPTY_HEAD, EventLog, FlushResult, check_session_id
 from .replay import Occurrence, Tombstone, repair
 from .snapshot import EPHEMERAL_FLAGS, is_ephemeral
+from .spill import RecoveryReport, SpillingWriter, SpillResult, recover
 from .store import Record
+from .verify import Problem, VerifyReport
 
 __all__ = [
     "COUNTERS",
@@ -39,12 +41,18 @@ __all__ = [
     "HistoryMismatchError",
     "InvalidMessageError",
     "Occurrence",
+    "Problem",
     "ReadOnlyError",
     "Record",
+    "RecoveryReport",
+    "SpillResult",
+    "SpillingWriter",
     "StorageFullError",
     "Tombstone",
     "UnknownSessionError",
+    "VerifyReport",
     "check_session_id",
     "is_ephemeral",
+    "recover",
     "repair",
 ]

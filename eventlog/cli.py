@@ -815,6 +815,36 @@ def import_(file: str, session: str | None, split: bool, replace: bool, durabili
 
 
 @cli.command()
+@click.argument("spill_dir", type=click.Path(file_okay=False))
+@click.option("--json", "as_json", is_flag=True, help="Print the recovery report as JSON.")
+def recover(spill_dir: str, as_json: bool) -> None:
+    """Fold the spill files in SPILL_DIR back into the log (see eventlog.spill).
+
+    Spill files hold turns that could not be written when the log was unwritable.
+    Each is flushed like the agent's list: nothing is written twice, and running
+    this again is harmless. A file that no longer matches the stored history is
+    kept and reported; the exit code is then 1.
+    """
+    from .spill import recover as recover_spills
+
+    if not os.path.isdir(spill_dir):
+        _fail(f"no spill directory at {spill_dir}")
+    with _open_log(write=True) as log:
+        report = recover_spills(log, spill_dir)
+    if as_json:
+        _print_json(asdict(report))
+    else:
+        click.echo(
+            f"{len(report.recovered)} session(s) recovered ({report.appended} messages written), "
+            f"{len(report.already_stored)} already stored, {len(report.kept)} kept"
+        )
+        for name, why in report.kept.items():
+            click.echo(f"  kept {name}: {why}", err=True)
+    if not report.ok:
+        sys.exit(1)
+
+
+@cli.command()
 @click.argument("session")
 @click.option("--format", "fmt", type=click.Choice(FORMATS), default="jsonl", show_default=True, help="jsonl: a message per line; openai: {\"messages\": [...]}; sharegpt: {\"conversations\": [...]}.")
 @click.option("-o", "--output", type=click.Path(dir_okay=False, allow_dash=True), default="-", show_default=True, help="File to write.")

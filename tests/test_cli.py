@@ -427,3 +427,31 @@ def test_installed_console_script_runs(tmp_path):
         pytest.skip("the eventlog console script is not installed next to this interpreter")
     done = subprocess.run([str(script), "--log", str(tmp_path / "none"), "sessions"], capture_output=True, text=True, timeout=60)
     assert done.returncode == 1 and done.stderr.strip() == f"Error: no event log at {tmp_path / 'none'} (give --log PATH or set EVENTLOG_PATH)"
+
+
+def test_recover_folds_spill_files_back(tmp_path):
+    from click.testing import CliRunner
+
+    from eventlog import EventLog, SpillingWriter
+    from eventlog.cli import cli
+    from eventlog.spill import write_spill
+
+    log_path = tmp_path / "log"
+    spill = tmp_path / "spill"
+    with EventLog.open(log_path) as log:
+        SpillingWriter(log, spill)  # the directory a writer would spill into
+        log.flush("s", [{"role": "user", "content": "stored"}])
+    write_spill(spill, "s", [
+        {"session": "s", "index": 0, "message": {"role": "user", "content": "stored"}},
+        {"session": "s", "index": 1, "message": {"role": "assistant", "content": "spilled"}},
+    ])
+    runner = CliRunner()
+    first = runner.invoke(cli, ["--log", str(log_path), "recover", str(spill)])
+    assert first.exit_code == 0, first.output
+    assert "1 session(s) recovered (1 messages written)" in first.output
+    again = runner.invoke(cli, ["--log", str(log_path), "recover", str(spill)])
+    assert again.exit_code == 0 and "0 session(s) recovered" in again.output
+    with EventLog.open(log_path) as log:
+        assert [m["content"] for m in log.messages("s")] == ["stored", "spilled"]
+    missing = runner.invoke(cli, ["--log", str(log_path), "recover", str(tmp_path / "nope")])
+    assert missing.exit_code == 1 and "no spill directory" in missing.output
