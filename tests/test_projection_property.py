@@ -21,7 +21,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from eventlog import EventLog
-from projections import SQLiteProjection
+from projections import SQLiteProjection, apply
 
 from test_projection_sqlite import dump
 
@@ -112,10 +112,20 @@ def live_words(proj: SQLiteProjection, sessions: list[str]) -> dict[str, set[tup
 @given(
     st.lists(st.tuples(operation, projection_step), min_size=1, max_size=25),
     st.integers(1, 20),
+    st.sampled_from([1, 2, 5, apply.ROWS_PER_WRITE]),
 )
 def test_incremental_with_restarts_equals_rebuild(
-    steps: list[tuple[tuple[Any, ...], tuple[Any, ...]]], rebuild_batch: int
+    steps: list[tuple[tuple[Any, ...], tuple[Any, ...]]], rebuild_batch: int, rows_per_write: int
 ) -> None:
+    # Small row batches exercise the background indexing of bulk rows on tiny histories.
+    default, apply.ROWS_PER_WRITE = apply.ROWS_PER_WRITE, rows_per_write
+    try:
+        check_history(steps, rebuild_batch)
+    finally:
+        apply.ROWS_PER_WRITE = default
+
+
+def check_history(steps: list[tuple[tuple[Any, ...], tuple[Any, ...]]], rebuild_batch: int) -> None:
     with tempfile.TemporaryDirectory() as tmp_dir:
         tmp = Path(tmp_dir)
         with EventLog.open(tmp / "log", durability="none") as log:

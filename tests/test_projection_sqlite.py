@@ -212,6 +212,30 @@ def test_threads_catching_up_one_file(tmp_path: Path, log: EventLog) -> None:
     assert dump(tmp_path / "p.db") == dump(tmp_path / "rebuilt.db")
 
 
+def test_one_attached_projection_under_concurrent_writers(tmp_path: Path) -> None:
+    proj = SQLiteProjection(tmp_path / "p.db", search_lag=7)
+    with EventLog.open(tmp_path / "log", durability="none", projections=[proj]) as log:
+
+        def writer(n: int) -> None:
+            msgs: list[dict[str, Any]] = []
+            for turn in range(15):
+                msgs += [user(f"w{n} turn {turn}"), assistant(f"reply {turn}")]
+                log.flush(f"s{n}", msgs)
+
+        threads = [threading.Thread(target=writer, args=(n,)) for n in range(4)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        assert proj.last_seq == log.last_seq
+        for sid in log.sessions():
+            assert wire(proj.messages(sid)) == log.messages(sid)
+        proj.close()
+        with SQLiteProjection(tmp_path / "full.db") as full:
+            full.rebuild(log)
+    assert dump(tmp_path / "p.db") == dump(tmp_path / "full.db")
+
+
 class Failing:
     """A log whose event stream breaks after ``n`` events (a crash in the middle of a batch)."""
 
