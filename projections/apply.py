@@ -14,7 +14,6 @@ gives the same tables as a rebuild.
 from __future__ import annotations
 
 import sqlite3
-from concurrent.futures import Executor, Future
 from typing import Any, Final
 
 from eventlog import codec
@@ -104,26 +103,18 @@ class Applier:
     rows above it are indexed later, in bulk, by :func:`index_pending`; rows at or
     below it are removed from the index when they are tombstoned or re-displayed.
 
-    With an ``executor`` (one worker thread), a bulk of appended rows is indexed in
-    the background while the next rows are decoded: the FTS insert is one SQLite
-    statement that runs without the GIL.  The connection is never used by both
-    threads at once: every other use of it first waits for the background job.
     ``fresh``: the tables were empty when the transaction began (a rebuild), so a
     session not seen yet does not exist and is not looked up.
     """
 
-    def __init__(
-        self, db: sqlite3.Connection, indexed_upto: int, *, executor: Executor | None = None, fresh: bool = False
-    ) -> None:
+    def __init__(self, db: sqlite3.Connection, indexed_upto: int, *, fresh: bool = False) -> None:
         self.db = db
         self.indexed_upto = indexed_upto
-        self.executor = executor
         self.fresh = fresh
         self.rows: list[tuple[Any, ...]] = []
         self.sessions: dict[str, list[Any]] = {}
         self.touched: set[str] = set()
         self.messages = 0
-        self._job: Future[None] | None = None
 
     # -- public ----------------------------------------------------------------
 
@@ -153,12 +144,6 @@ class Applier:
         if self.touched:
             self.db.executemany(SAVE_SESSION, [self.sessions[sid] for sid in sorted(self.touched)])
             self.touched.clear()
-
-    def drain(self) -> None:
-        """Wait for a background job without raising (the transaction is failing anyway)."""
-        job, self._job = self._job, None
-        if job is not None:
-            job.exception()
 
     # -- events ----------------------------------------------------------------
 
@@ -302,7 +287,6 @@ class Applier:
         if session is None:
             found = None
             if not self.fresh:
-                self._wait()
                 found = self.db.execute(
                     f"SELECT {', '.join(SESSION_COLUMNS)} FROM sessions WHERE id = ?", (sid,)
                 ).fetchone()
@@ -333,28 +317,17 @@ class Applier:
         return message
 
     def _write_rows(self, *, index: bool = False) -> None:
-        """Write the buffered rows; with ``index``, also feed them to the search index.
+        """Write the buffered rows; with ``index``, also add them to the search index.
 
-        Returns with the connection free (no background job) unless ``index`` is set.
+        A bulk of rows is indexed right after it is written, while its pages are in
+        the cache, by one ``INSERT ... SELECT`` (FTS5 buffers terms in memory).
         """
-        self._wait()
         if not self.rows:
             return
         self.db.executemany(INSERT_ROW, self.rows)
         self.rows.clear()
         if index:
-            if self.executor is not None:
-                self._job = self.executor.submit(self._index)
-            else:
-                self._index()
-
-    def _index(self) -> None:
-        self.indexed_upto = index_pending(self.db, self.indexed_upto)
-
-    def _wait(self) -> None:
-        job, self._job = self._job, None
-        if job is not None:
-            job.result()
+            self.indexed_upto = index_pending(self.db, self.indexed_upto)
 
 
 def index_pending(db: sqlite3.Connection, indexed_upto: int) -> int:

@@ -17,7 +17,6 @@ import os
 import sqlite3
 import threading
 from collections.abc import Iterator
-from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any
 
@@ -63,7 +62,6 @@ class SQLiteProjection:
         self.search_lag = search_lag
         self.batch = batch
         self._lock = threading.RLock()
-        self._pool: ThreadPoolExecutor | None = None
         try:
             self._db = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False, timeout=60)
         except sqlite3.Error as e:
@@ -91,9 +89,6 @@ class SQLiteProjection:
             try:
                 self.sync_search()
             finally:
-                if self._pool is not None:
-                    self._pool.shutdown()
-                    self._pool = None
                 self._db.close()
                 self._db = None  # type: ignore[assignment]
 
@@ -135,7 +130,7 @@ class SQLiteProjection:
                 with self._write():
                     self._claim(log_id)
                     _, last, indexed = self._checkpoint()
-                    applier = Applier(self._db, indexed, executor=self._executor())
+                    applier = Applier(self._db, indexed)
                     applied += self._apply_chunk(applier, last, chunk)
                     self._index(force=False)
             return applied
@@ -150,9 +145,9 @@ class SQLiteProjection:
             schema.drop(self._db)
             schema.create(self._db)
             self._db.execute("UPDATE checkpoint SET log_id = ?", (log.id,))
-            # One applier for the whole transaction: sessions stay in memory and are
-            # written once, and bulk rows are indexed in the background as they come.
-            applier = Applier(self._db, 0, executor=self._executor(), fresh=True)
+            # One applier for the whole transaction: sessions stay in memory, and bulk
+            # rows are indexed as they come.
+            applier = Applier(self._db, 0, fresh=True)
             applied = 0
             records = iter(log.events(after=0))
             while chunk := self._chunk(records):
@@ -250,26 +245,18 @@ class SQLiteProjection:
         if not fresh:
             return 0
         expected = last + 1
-        try:
-            for record in fresh:
-                if record.seq != expected:
-                    raise ProjectionCorruptError(
-                        f"{self.path}: expected event {expected} after the checkpoint, got {record.seq}"
-                    )
-                applier.apply(record)
-                expected += 1
-            applier.finish()
-        finally:
-            applier.drain()
+        for record in fresh:
+            if record.seq != expected:
+                raise ProjectionCorruptError(
+                    f"{self.path}: expected event {expected} after the checkpoint, got {record.seq}"
+                )
+            applier.apply(record)
+            expected += 1
+        applier.finish()
         self._db.execute(
             "UPDATE checkpoint SET last_seq = ?, indexed_upto = ?", (fresh[-1].seq, applier.indexed_upto)
         )
         return len(fresh)
-
-    def _executor(self) -> ThreadPoolExecutor:
-        if self._pool is None:
-            self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="projection-search")
-        return self._pool
 
     def _claim(self, log_id: str) -> None:
         """Record ``log_id`` as the projected log, or refuse another one (inside the open transaction)."""
