@@ -70,9 +70,25 @@ SAVE_SESSION: Final = (
     f"INSERT OR REPLACE INTO sessions ({', '.join(SESSION_COLUMNS)}) "
     f"VALUES ({', '.join('?' * len(SESSION_COLUMNS))})"
 )
+# Where a session row (a list in SESSION_COLUMNS order) keeps each field.
+PARENT, FORK_AT, CLOSED_SEQ, CLOSED_NS, CLOSE_REASON, COUNT, HEAD, LAST_SEQ, METADATA, COUNTERS = (
+    SESSION_COLUMNS.index(name)
+    for name in (
+        "parent_id", "fork_position", "closed_seq", "closed_ns", "close_reason",
+        "message_count", "head_node", "last_seq", "metadata", "counters",
+    )
+)
 COUNTER_COLUMNS: Final = frozenset(SESSION_COLUMNS[16:])
 """Usage counters that also have a column of their own (every counter is in ``counters``)."""
 FIELD_COLUMNS: Final = frozenset({"title", "model", "source"})
+NEW_SESSION: Final[dict[str, Any]] = {
+    "message_count": 0,
+    "metadata": "{}",
+    "counters": "{}",
+    **{name: 0 for name in COUNTER_COLUMNS},
+    "cost_usd": 0.0,
+}
+"""Column values of a session that no event has touched yet (the rest are NULL)."""
 
 # Moving copies of a session's live rows into a fork: same digests, bodies and display.
 _COPIED = [c for c in ROW_COLUMNS if c not in ("session_id", "seq", "idx", "created_ns")]
@@ -121,7 +137,7 @@ class Applier:
     def apply(self, record: Record) -> None:
         event = record.event
         session = self._session(event.session, record)
-        session[10] = record.seq  # last_seq
+        session[LAST_SEQ] = record.seq
         kind = type(event)
         if kind is ev.MessagesAppended:
             self._append(record, event, session)
@@ -132,7 +148,7 @@ class Applier:
         elif kind is ev.SessionUpdated:
             self._update(event, session)
         elif kind is ev.SessionClosed:
-            session[5], session[6], session[7] = record.seq, record.time_ns, event.reason
+            session[CLOSED_SEQ], session[CLOSED_NS], session[CLOSE_REASON] = record.seq, record.time_ns, event.reason
         elif kind is ev.MessageAnnotated:
             self._annotate(event)
         else:  # pragma: no cover - the decoder only produces the union's types
@@ -151,9 +167,9 @@ class Applier:
         sid, seq, now = event.session, record.seq, record.time_ns
         position = event.position
         count = len(event.bodies)
-        if position != session[8]:
+        if position != session[COUNT]:
             raise ProjectionCorruptError(
-                f"event {seq}: appends at position {position} of {sid!r}, which has {session[8]} live rows"
+                f"event {seq}: appends at position {position} of {sid!r}, which has {session[COUNT]} live rows"
             )
         if count == 0:
             return
@@ -190,9 +206,10 @@ class Applier:
                 )
             )
         self.messages += count
-        session[5] = session[6] = session[7] = None  # new messages reopen a closed session, as in the log
-        session[8] = position + count
-        session[9] = nodes[-32:]
+        # New messages reopen a closed session, as in the log.
+        session[CLOSED_SEQ] = session[CLOSED_NS] = session[CLOSE_REASON] = None
+        session[COUNT] = position + count
+        session[HEAD] = nodes[-32:]
         if len(rows) >= ROWS_PER_WRITE:
             self._write_rows(index=True)
 
@@ -204,7 +221,7 @@ class Applier:
             "ORDER BY position",
             (sid, position),
         ).fetchall()
-        if b"".join(row[0] for row in found) != event.nodes or position + len(found) != session[8]:
+        if b"".join(row[0] for row in found) != event.nodes or position + len(found) != session[COUNT]:
             raise ProjectionCorruptError(
                 f"event {record.seq}: the live rows of {sid!r} from position {position} are not the tombstoned ones"
             )
@@ -217,8 +234,8 @@ class Applier:
             "WHERE session_id = ? AND tombstone_seq IS NULL AND position >= ?",
             (record.seq, event.reason, record.time_ns, sid, position),
         )
-        session[8] = position
-        session[9] = self._node_at(sid, position - 1) if position else None
+        session[COUNT] = position
+        session[HEAD] = self._node_at(sid, position - 1) if position else None
 
     def _open(self, record: Record, event: ev.SessionOpened, session: list[Any]) -> None:
         if event.source is None:
@@ -226,33 +243,33 @@ class Applier:
         self._write_rows()
         source = self._session(event.source, record)
         at = event.at
-        session[1], session[2] = event.source, at
+        session[PARENT], session[FORK_AT] = event.source, at
         if at == 0:
             return
-        if at > source[8] or self._node_at(event.source, at - 1) != event.source_head:
+        if at > source[COUNT] or self._node_at(event.source, at - 1) != event.source_head:
             raise ProjectionCorruptError(
                 f"event {record.seq}: {event.source!r} has no live message {at - 1} with the fork's head"
             )
         self.db.execute(FORK_ROWS, (event.session, record.seq, record.time_ns, event.source, at))
         self.messages += at
-        session[8] = at
-        session[9] = event.source_head
+        session[COUNT] = at
+        session[HEAD] = event.source_head
 
     def _update(self, event: ev.SessionUpdated, session: list[Any]) -> None:
         if event.fields:
-            metadata = from_json(session[14])
+            metadata = from_json(session[METADATA])
             metadata.update(event.fields)
-            session[14] = to_json(metadata)
+            session[METADATA] = to_json(metadata)
             for key in FIELD_COLUMNS.intersection(event.fields):
                 value = event.fields[key]
                 session[SESSION_COLUMNS.index(key)] = value if value is None or type(value) is str else to_json(value)
         if event.counters:
-            counters = from_json(session[15])
+            counters = from_json(session[COUNTERS])
             for key, value in event.counters.items():
                 counters[key] = counters.get(key, 0) + value
                 if key in COUNTER_COLUMNS:
                     session[SESSION_COLUMNS.index(key)] = counters[key]
-            session[15] = to_json(counters)
+            session[COUNTERS] = to_json(counters)
 
     def _annotate(self, event: ev.MessageAnnotated) -> None:
         self._write_rows()
@@ -294,8 +311,14 @@ class Applier:
                 session = list(found)
             else:
                 # The first event of a session opens it; be lenient if it is anything else.
-                session = [sid, None, None, record.seq, record.time_ns, None, None, None, 0, None, record.seq]
-                session += [None, None, None, "{}", "{}", 0, 0, 0, 0, 0, 0, 0, 0.0]
+                fields = {
+                    **NEW_SESSION,
+                    "id": sid,
+                    "created_seq": record.seq,
+                    "created_ns": record.time_ns,
+                    "last_seq": record.seq,
+                }
+                session = [fields.get(name) for name in SESSION_COLUMNS]
             self.sessions[sid] = session
         self.touched.add(sid)
         return session

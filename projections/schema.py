@@ -161,8 +161,11 @@ def migrate(db: sqlite3.Connection, path: str) -> None:
             current += 1
             step = MIGRATIONS.get(current, REPROJECT)
             if step == REPROJECT:
+                owner = _log_id(db)
                 drop(db)
                 create(db)
+                # Still this log's projection: another log stays refused.
+                db.execute("UPDATE checkpoint SET log_id = ?", (owner,))
                 break  # create() wrote the latest schema and version
             for statement in _statements(step):
                 db.execute(statement)
@@ -171,6 +174,14 @@ def migrate(db: sqlite3.Connection, path: str) -> None:
     except BaseException:
         db.execute("ROLLBACK")
         raise
+
+
+def _log_id(db: sqlite3.Connection) -> str | None:
+    try:
+        found = db.execute("SELECT log_id FROM checkpoint").fetchone()
+    except sqlite3.OperationalError:  # no checkpoint table in this version
+        return None
+    return None if found is None else found[0]
 
 
 def _statements(script: str) -> list[str]:

@@ -113,6 +113,8 @@ def test_reproject_migration_resets_and_catch_up_rebuilds(tmp_path: Path, log: E
     monkeypatch.setitem(schema.MIGRATIONS, schema.VERSION, schema.REPROJECT)
     with SQLiteProjection(tmp_path / "p.db") as migrated:
         assert migrated.messages("s") == []
+        with EventLog.open(tmp_path / "other") as other, pytest.raises(LogMismatchError):
+            migrated.catch_up(other)  # still this log's projection
         assert migrated.catch_up(log) == log.last_seq
     after = dump(tmp_path / "p.db")
     assert after.pop("user_version") != before.pop("user_version")
