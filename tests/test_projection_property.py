@@ -117,7 +117,7 @@ def live_words(proj: SQLiteProjection, sessions: list[str]) -> dict[str, set[tup
 def test_incremental_with_restarts_equals_rebuild(
     steps: list[tuple[tuple[Any, ...], tuple[Any, ...]]], rebuild_batch: int, rows_per_write: int
 ) -> None:
-    # Small row batches exercise the background indexing of bulk rows on tiny histories.
+    # Small row batches exercise the indexing of bulk rows as they are written, on tiny histories.
     default, apply.ROWS_PER_WRITE = apply.ROWS_PER_WRITE, rows_per_write
     try:
         check_history(steps, rebuild_batch)
