@@ -22,7 +22,6 @@ Run it from the repository root (2-4 minutes on 2 cores; ``--quick``: well under
 from __future__ import annotations
 
 import argparse
-import math
 import sys
 import time
 from pathlib import Path

@@ -14,7 +14,7 @@ import sys
 import time
 from collections import Counter
 from collections.abc import Callable, Iterator, Mapping
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, NoReturn
 
@@ -175,7 +175,6 @@ def demo(path: str, turns: int, durability: str, as_json: bool) -> None:
     say = (lambda line: None) if as_json else (lambda line: _stderr().print(f"[dim]… {escape(line)}[/dim]"))
     report = run_demo(path, turns=turns, durability=durability, say=say)
     if as_json:
-        from dataclasses import asdict
 
         _print_json(asdict(report))
     else:

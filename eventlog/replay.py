@@ -17,7 +17,6 @@ from typing import Any
 import lmdb
 import msgspec
 
-from . import codec
 from . import events as ev
 from .errors import CorruptLogError
 from .store import HEADER, SessionState, Store, event_hash, state_key

@@ -330,7 +330,7 @@ def test_tuples_come_back_as_lists(log):
 
 
 def test_large_flush_is_split_into_bounded_events_in_one_transaction(log):
-    from eventlog.log import EVENT_MESSAGES
+    from eventlog.writer import EVENT_MESSAGES
 
     messages = [user(f"m{i}") for i in range(2 * EVENT_MESSAGES + 10)]
     result = log.flush("s", messages, overrides={EVENT_MESSAGES + 3: {"content": "clean"}})

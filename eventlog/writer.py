@@ -1,0 +1,430 @@
+"""The write transactions of the log: what each write appends, and the indexes it keeps.
+
+Every method here runs inside one LMDB write transaction handed to it by
+:meth:`eventlog.store.Store.write` (which may run it again after growing the map,
+or inside a nested transaction of a group commit), so none has side effects
+outside the transaction.  Validation and hashing happen before, in
+:mod:`eventlog.log` and :mod:`eventlog.snapshot`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import lmdb
+import msgspec
+
+from . import codec
+from . import events as ev
+from .codec import ZERO, node_digest
+from .errors import ConflictError, HistoryMismatchError, UnknownSessionError
+from .snapshot import Prepared
+from .store import LINK, SEQ, Batch, SessionState, Store, chain_key, note_key
+
+EMPTY_HEAD = "0" * 64
+"""``expected_head`` value meaning "the session must be empty (or not exist yet)"."""
+
+SUMMARY_KEY = "_compressed_summary"
+"""A truthy value under this (process-local) key marks a message as a compaction summary."""
+
+EVENT_MESSAGES = 1024
+"""At most this many messages per ``MessagesAppended`` event (a large flush writes several,
+in one transaction), so that readers and projections handle events of bounded size."""
+
+
+@dataclass(frozen=True, slots=True)
+class FlushResult:
+    """What a write did.
+
+    ``appended``: messages written; ``tombstoned``: live messages that left the
+    transcript; ``unchanged``: leading messages already stored; ``head``: the
+    session's head node digest (64 lowercase hex) or ``None`` when it is empty.
+    """
+
+    appended: int
+    tombstoned: int
+    unchanged: int
+    head: str | None
+
+
+def _head_hex(length: int, head: bytes) -> str | None:
+    return head.hex() if length else None
+
+
+class Writer:
+    """The transaction bodies of every write, over one :class:`~eventlog.store.Store`."""
+
+    def __init__(self, store: Store) -> None:
+        self.store = store
+
+    def append(self, txn: lmdb.Transaction, session_id: str, prepared: Prepared, expected: bytes | None) -> FlushResult:
+        batch = Batch(self.store, txn)
+        state = self.store.session(txn, session_id)
+        length = state.length if state else 0
+        head = state.head if state else ZERO
+        if expected is not None and expected != head:
+            found = self.find_retry(txn, state, expected, prepared)
+            if found is not None:
+                return FlushResult(0, 0, found, _head_hex(length, head))
+            raise ConflictError(
+                f"session {session_id!r}: head is {_head_hex(length, head) or EMPTY_HEAD}, "
+                f"not the expected {expected.hex()}"
+            )
+        if not prepared.bodies:
+            return FlushResult(0, 0, length, _head_hex(length, head))
+        if state is None:
+            state = self.open_session(batch, session_id)
+        digests = prepared.digests
+        nodes = _chain(head, digests)
+        self.append_messages(batch, session_id, state, prepared.bodies, digests, nodes, {}, {}, 0)
+        batch.save(session_id, state)
+        return FlushResult(len(nodes), 0, length, state.head.hex())
+
+    def rewind(self, txn: lmdb.Transaction, session_id: str, to: int) -> FlushResult:
+        state = self.require(txn, session_id)
+        if not isinstance(to, int) or isinstance(to, bool) or not 0 <= to <= state.length:
+            raise ValueError(f"rewind to={to!r}: session {session_id!r} has {state.length} messages")
+        if to == state.length:
+            return FlushResult(0, 0, to, _head_hex(state.length, state.head))
+        batch = Batch(self.store, txn)
+        count = state.length - to
+        self.tombstone(batch, session_id, state, to, "rewind")
+        batch.save(session_id, state)
+        return FlushResult(0, count, to, _head_hex(state.length, state.head))
+
+    def compact(self, txn: lmdb.Transaction, session_id: str, start: int, end: int, prepared: Prepared, expected: bytes | None) -> FlushResult:
+        state = self.require(txn, session_id)
+        seen = state.length
+        if expected is not None:
+            seen = self.position_of(txn, state, expected)
+            if seen is None:
+                raise ConflictError(
+                    f"session {session_id!r}: expected head {expected.hex()} is not in the live transcript"
+                )
+        if not (isinstance(start, int) and isinstance(end, int) and 0 <= start <= end <= seen):
+            raise ValueError(
+                f"compact start={start!r}, end={end!r}: must satisfy 0 <= start <= end <= {seen}"
+            )
+        batch = Batch(self.store, txn)
+        length = state.length
+        tail = self.store.links(txn, state.number, end, length)
+        old_notes = self.notes_in(txn, state.number, end, length)
+        self.tombstone(batch, session_id, state, start, "compaction")
+        digests = prepared.digests + [link[1] for link in tail]
+        nodes = _chain(state.head, digests)
+        bodies = prepared.bodies + [b""] * len(tail)
+        carried = {len(prepared.bodies) + i: (link[2], link[3]) for i, link in enumerate(tail)}
+        notes = {
+            len(prepared.bodies) + i: old_notes[end + i]
+            for i, link in enumerate(tail)
+            if end + i in old_notes and old_notes[end + i][0] == link[0]
+        }
+        self.append_messages(
+            batch, session_id, state, bodies, digests, nodes, carried,
+            {i: note for i, (_, note) in notes.items()}, len(prepared.bodies),
+        )
+        batch.save(session_id, state)
+        return FlushResult(len(nodes), length - start, start, _head_hex(state.length, state.head))
+
+    def fork(self, txn: lmdb.Transaction, source_id: str, new_id: str, at: int | None) -> FlushResult:
+        source = self.require(txn, source_id)
+        if self.store.session(txn, new_id) is not None:
+            raise ConflictError(f"cannot fork into {new_id!r}: that session already exists")
+        shared = source.length if at is None else at
+        if not isinstance(shared, int) or isinstance(shared, bool) or not 0 <= shared <= source.length:
+            raise ValueError(f"fork at={at!r}: session {source_id!r} has {source.length} messages")
+        links = self.store.links(txn, source.number, 0, shared)
+        head = links[-1][0] if links else ZERO
+        batch = Batch(self.store, txn)
+        state = self.open_session(batch, new_id, source=source_id, at=shared, source_head=head if links else None)
+        for position, link in enumerate(links):
+            txn.put(chain_key(state.number, position), LINK.pack(*link), db=self.store.index)
+        for position, (node, note) in self.notes_in(txn, source.number, 0, shared).items():
+            txn.put(note_key(state.number, position), node + codec.encode(note), db=self.store.index)
+        state.length = shared
+        state.head = head
+        batch.save(new_id, state)
+        return FlushResult(0, 0, shared, _head_hex(shared, head))
+
+    def update(self, txn: lmdb.Transaction, session_id: str, plain: dict[str, Any], counters: dict[str, float | int]) -> None:
+        batch = Batch(self.store, txn)
+        state = self.store.session(txn, session_id) or self.open_session(batch, session_id)
+        batch.emit(ev.SessionUpdated(session=session_id, fields=plain, counters=counters), state)
+        batch.save(session_id, state)
+
+    def close(self, txn: lmdb.Transaction, session_id: str, reason: str) -> None:
+        state = self.require(txn, session_id)
+        batch = Batch(self.store, txn)
+        batch.emit(ev.SessionClosed(session=session_id, reason=reason), state)
+        state.closed = True
+        batch.save(session_id, state)
+
+    def require(self, txn: lmdb.Transaction, session_id: str) -> SessionState:
+        state = self.store.session(txn, session_id)
+        if state is None:
+            raise UnknownSessionError(f"no session {session_id!r} in {self.store.path}")
+        return state
+
+    def pending_notes(self, txn: lmdb.Transaction, state: SessionState, notes: dict[int, dict[str, Any]], prepared: Prepared) -> dict[int, dict[str, Any]]:
+        """The overrides for stored positions that differ from what is recorded."""
+        pending: dict[int, dict[str, Any]] = {}
+        for position, note in notes.items():
+            if position >= state.length:
+                continue
+            current = txn.get(note_key(state.number, position), db=self.store.index)
+            wanted = prepared.nodes[position] + codec.encode(note)
+            if current != wanted:
+                pending[position] = note
+        return pending
+
+    def notes_in(self, txn: lmdb.Transaction, number: int, start: int, stop: int) -> dict[int, tuple[bytes, dict[str, Any]]]:
+        """Recorded overrides for positions ``start..stop-1``: position -> (node, override)."""
+        found: dict[int, tuple[bytes, dict[str, Any]]] = {}
+        cursor = txn.cursor(db=self.store.index)
+        if not cursor.set_range(note_key(number, start)):
+            return found
+        last = note_key(number, stop)
+        for key, value in cursor:
+            if key >= last:
+                break
+            found[SEQ.unpack(key[9:])[0]] = (value[:32], codec.decode(value[32:]))
+        return found
+
+    def flush(
+        self,
+        txn: lmdb.Transaction,
+        session_id: str,
+        prepared: Prepared,
+        notes: dict[int, dict[str, Any]],
+        expected: bytes | None,
+        replace: bool,
+    ) -> FlushResult:
+        store = self.store
+        state = store.session(txn, session_id)
+        length = state.length if state else 0
+        head = state.head if state else ZERO
+        nodes = prepared.nodes
+        k = self.common_prefix(txn, state, nodes)
+        annotate = self.pending_notes(txn, state, {p: n for p, n in notes.items() if p < k}, prepared) if state else {}
+        if k == length == len(nodes) and not annotate:
+            return FlushResult(0, 0, k, _head_hex(length, head))  # already stored
+        if expected is not None and expected != head:
+            raise ConflictError(
+                f"session {session_id!r}: head is {_head_hex(length, head) or EMPTY_HEAD}, "
+                f"not the expected {expected.hex()}"
+            )
+        summaries = 0
+        for index in prepared.kept[k:]:
+            if not _is_summary(prepared.raw[index]):
+                break
+            summaries += 1
+        reason = None
+        if k < length:
+            if k == 0 and not replace and not summaries:
+                what = "is empty" if not nodes else "shares no prefix with it"
+                raise HistoryMismatchError(
+                    f"session {session_id!r} has {length} stored messages and the flushed list {what}; "
+                    "pass replace=True to replace the transcript"
+                )
+            if summaries:
+                reason = "compaction"
+            elif k == 0 and replace:
+                reason = "clear"
+            elif len(nodes) == length:
+                reason = "edit"
+            else:
+                reason = "rewind"
+        batch = Batch(store, txn)
+        if state is None:
+            state = self.open_session(batch, session_id)
+        tombstoned = length - k
+        # Bodies of tombstoned messages that come back (an early edit, a compaction's
+        # tail) are referenced, not stored again: digest -> (seq, index, old position).
+        carry_from: dict[bytes, tuple[int, int, int]] = {}
+        old_notes: dict[int, tuple[bytes, dict[str, Any]]] = {}
+        if reason is not None:
+            for offset, link in enumerate(store.links(txn, state.number, k, length)):
+                carry_from.setdefault(link[1], (link[2], link[3], k + offset))
+            old_notes = self.notes_in(txn, state.number, k, length)
+            self.tombstone(batch, session_id, state, k, reason)
+        if len(nodes) > k:
+            bodies: list[bytes] = []
+            carried: dict[int, tuple[int, int]] = {}
+            batch_notes: dict[int, dict[str, Any]] = {}
+            for i, position in enumerate(range(k, len(nodes))):
+                where = carry_from.get(prepared.digests[position])
+                if where is None:
+                    bodies.append(prepared.bodies[position])
+                else:
+                    bodies.append(b"")
+                    carried[i] = (where[0], where[1])
+                note = notes.get(position)
+                if note is None and where is not None and where[2] in old_notes:
+                    note = old_notes[where[2]][1]  # a carried message keeps its display override
+                if note is not None:
+                    batch_notes[i] = note
+            self.append_messages(batch, session_id, state, bodies, prepared.digests[k:], nodes[k:], carried, batch_notes, summaries)
+        for position, note in sorted(annotate.items()):
+            batch.emit(ev.MessageAnnotated(session=session_id, position=position, node=nodes[position], override=note), state)
+            txn.put(note_key(state.number, position), nodes[position] + codec.encode(note), db=store.index)
+        batch.save(session_id, state)
+        return FlushResult(len(nodes) - k, tombstoned, k, _head_hex(state.length, state.head))
+
+    def common_prefix(self, txn: lmdb.Transaction, state: SessionState | None, nodes: list[bytes]) -> int:
+        """Length of the longest common prefix of ``nodes`` and the stored live chain.
+
+        Node digests commit to their whole prefix, so equality at ``k`` implies
+        equality before it: one lookup when nothing diverged, a binary search otherwise.
+        """
+        if state is None or state.length == 0 or not nodes:
+            return 0
+        length = state.length
+        top = min(length, len(nodes))
+        if top == length and nodes[length - 1] == state.head:
+            return length
+        link = self.store.link
+        if link(txn, state.number, top - 1)[0] == nodes[top - 1]:
+            return top
+        lo, hi = 0, top - 1
+        while lo < hi:
+            mid = (lo + hi + 1) // 2
+            if link(txn, state.number, mid - 1)[0] == nodes[mid - 1]:
+                lo = mid
+            else:
+                hi = mid - 1
+        return lo
+
+    def open_session(
+        self, batch: Batch, session_id: str, *, source: str | None = None, at: int = 0, source_head: bytes | None = None
+    ) -> SessionState:
+        number = batch.new_session_number()
+        state = SessionState(number, 0, ZERO, 0, new=True)
+        batch.emit(ev.SessionOpened(session=session_id, source=source, at=at, source_head=source_head), state)
+        return state
+
+    def tombstone(self, batch: Batch, session_id: str, state: SessionState, position: int, reason: str) -> None:
+        store, txn = self.store, batch.txn
+        links = store.links(txn, state.number, position, state.length)
+        batch.emit(
+            ev.MessagesTombstoned(session=session_id, position=position, nodes=b"".join(link[0] for link in links), reason=reason),
+            state,
+        )
+        for offset in range(len(links)):
+            txn.delete(chain_key(state.number, position + offset), db=store.index)
+            txn.delete(note_key(state.number, position + offset), db=store.index)
+        state.length = position
+        state.head = store.link(txn, state.number, position - 1)[0] if position else ZERO
+
+    def append_messages(
+        self,
+        batch: Batch,
+        session_id: str,
+        state: SessionState,
+        bodies: list[bytes],
+        digests: list[bytes],
+        nodes: list[bytes],
+        carried: dict[int, tuple[int, int]],
+        notes: dict[int, dict[str, Any]],
+        summaries: int,
+    ) -> None:
+        """Append messages as one event per :data:`EVENT_MESSAGES` (all in this transaction)."""
+        for start in range(0, len(nodes), EVENT_MESSAGES):
+            stop = min(start + EVENT_MESSAGES, len(nodes))
+            self.append_event(
+                batch,
+                session_id,
+                state,
+                bodies[start:stop],
+                digests[start:stop],
+                nodes[start:stop],
+                {i - start: where for i, where in carried.items() if start <= i < stop},
+                {i - start: note for i, note in notes.items() if start <= i < stop},
+                max(0, min(summaries - start, stop - start)),
+            )
+
+    def append_event(
+        self,
+        batch: Batch,
+        session_id: str,
+        state: SessionState,
+        bodies: list[bytes],
+        digests: list[bytes],
+        nodes: list[bytes],
+        carried: dict[int, tuple[int, int]],
+        notes: dict[int, dict[str, Any]],
+        summaries: int,
+    ) -> None:
+        store, txn = self.store, batch.txn
+        raw_bodies = [ev.CARRIED if i in carried else msgspec.Raw(body) for i, body in enumerate(bodies)]
+        seq = batch.emit(
+            ev.MessagesAppended(
+                session=session_id,
+                position=state.length,
+                digests=b"".join(digests),
+                nodes=b"".join(nodes),
+                bodies=raw_bodies,
+                carried=carried,
+                overrides=notes,
+                summaries=summaries,
+            ),
+            state,
+        )
+        number, pack_link, base = state.number, LINK.pack, state.length
+        entries = [
+            (chain_key(number, base + i), pack_link(node, digest, *(carried.get(i) or (seq, i))))
+            for i, (digest, node) in enumerate(zip(digests, nodes))
+        ]
+        entries += [(note_key(number, base + i), nodes[i] + codec.encode(note)) for i, note in notes.items()]
+        txn.cursor(db=store.index).putmulti(entries)
+        state.length = base + len(nodes)
+        state.head = nodes[-1] if nodes else state.head
+        state.closed = False
+
+    def position_of(self, txn: lmdb.Transaction, state: SessionState, node: bytes) -> int | None:
+        """How many live messages lead up to and include ``node`` (0 for EMPTY_HEAD); None if absent."""
+        if node == ZERO:
+            return 0
+        if node == state.head:
+            return state.length
+        store = self.store
+        cursor = txn.cursor(db=store.index)
+        # Scan back from the head: the node the caller saw is usually recent.
+        if not cursor.set_key(chain_key(state.number, state.length - 1)):
+            return None
+        prefix = chain_key(state.number, 0)[:9]
+        for key, value in cursor.iterprev():
+            if key[:9] != prefix:
+                break
+            if value[:32] == node:
+                return SEQ.unpack(key[9:])[0] + 1
+        return None
+
+    def find_retry(self, txn: lmdb.Transaction, state: SessionState | None, expected: bytes, prepared: Prepared) -> int | None:
+        """If ``prepared`` already follows ``expected`` in the live chain, the position where it ends."""
+        if state is None:
+            return None
+        start = self.position_of(txn, state, expected)
+        if start is None:
+            return None
+        end = start + len(prepared.digests)
+        if end > state.length:
+            return None
+        if end > start and self.store.link(txn, state.number, end - 1)[0] != _chain(expected, prepared.digests)[-1]:
+            return None
+        return end
+
+
+def _chain(parent: bytes, digests: list[bytes]) -> list[bytes]:
+    nodes = []
+    for digest in digests:
+        parent = node_digest(parent, digest)
+        nodes.append(parent)
+    return nodes
+
+
+def _is_summary(message: Any) -> bool:
+    return isinstance(message, Mapping) and bool(message.get(SUMMARY_KEY))
+
+
