@@ -181,21 +181,29 @@ class Store:
         if os.path.exists(data) and os.path.getsize(data) < 2 * PAGE:
             # LMDB would quietly start a new, empty log over a truncated file.
             raise CorruptLogError(f"{data}: the data file is truncated ({os.path.getsize(data)} bytes); restore it from a backup")
-        try:
-            self.env = lmdb.open(
-                self.path,
-                map_size=map_size,
-                subdir=True,
-                readonly=readonly,
-                sync=sync,
-                metasync=metasync,
-                readahead=False,
-                max_dbs=8,
-                max_readers=512,
-                lock=True,
-            )
-        except lmdb.Error as e:
-            raise translate(e, self.path) from e
+        for _ in range(100):
+            try:
+                self.env = lmdb.open(
+                    self.path,
+                    map_size=map_size,
+                    subdir=True,
+                    readonly=readonly,
+                    sync=sync,
+                    metasync=metasync,
+                    readahead=False,
+                    max_dbs=8,
+                    max_readers=512,
+                    lock=True,
+                )
+                break
+            except lmdb.MapResizedError:
+                # Opening begins a transaction; another process grew the map in between.
+                # Opening again reads the new size.
+                continue
+            except lmdb.Error as e:
+                raise translate(e, self.path) from e
+        else:
+            raise EventLogError(f"{self.path}: the map kept being resized while opening the log")
         try:
             self._check_file_size(data)
             # Reader slots of processes that died holding a transaction pin old pages.
