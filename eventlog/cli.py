@@ -455,7 +455,7 @@ def _projection(db: str) -> Any:
 
 
 class _CountingLog:
-    """What a projection reads from a log (``id`` and ``events``), reporting progress as it goes."""
+    """What a projection reads from a log (``id``, ``last_seq``, ``events``), reporting progress as it goes."""
 
     def __init__(self, log: EventLog, advance: Callable[[int], None]) -> None:
         self._log = log
@@ -464,6 +464,10 @@ class _CountingLog:
     @property
     def id(self) -> str:
         return self._log.id
+
+    @property
+    def last_seq(self) -> int:
+        return self._log.last_seq
 
     def events(self, after: int = 0) -> Iterator[Record]:
         for record in self._log.events(after=after):

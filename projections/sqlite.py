@@ -106,14 +106,14 @@ class SQLiteProjection:
     def catch_up(self, log: EventLog) -> int:
         """Apply the log's events after the checkpoint; return how many were applied.
 
-        Uses only ``log.id`` and ``log.events(after=...)``.  Events are applied in
+        Uses only ``log.id``, ``log.last_seq`` and ``log.events(after=...)``.  Events are applied in
         transactions of about ``batch`` messages, each recording the checkpoint with
         the rows, under ``BEGIN IMMEDIATE``; the checkpoint is read again inside the
         transaction, so processes catching up the same file never apply an event
         twice.  Returns 0 when the projection is already current.
 
         Raises :class:`~projections.errors.LogMismatchError` when the database
-        projects another log, :class:`~projections.errors.ProjectionCorruptError`
+        projects another log or is ahead of this one, :class:`~projections.errors.ProjectionCorruptError`
         when the tables disagree with the events (``rebuild`` repairs that).
         """
         with self._lock, self._translate():
@@ -124,6 +124,11 @@ class SQLiteProjection:
                     self._claim(log_id)
             elif owner != log_id:
                 raise self._mismatch(owner, log_id)
+            if after > log.last_seq:
+                raise LogMismatchError(
+                    f"{self.path}: this projection has applied events up to {after}, but the log ends at "
+                    f"{log.last_seq} (restored from an older copy?); rebuild(log) to project it again"
+                )
             applied = 0
             records = iter(log.events(after=after))
             while chunk := self._chunk(records):

@@ -174,6 +174,7 @@ class Interleaved:
         self.log = log
         self.other = other
         self.id = log.id
+        self.last_seq = log.last_seq
 
     def events(self, after: int = 0):
         for i, record in enumerate(self.log.events(after)):
@@ -242,7 +243,7 @@ class Failing:
     """A log whose event stream breaks after ``n`` events (a crash in the middle of a batch)."""
 
     def __init__(self, log: EventLog, n: int) -> None:
-        self.log, self.n, self.id = log, n, log.id
+        self.log, self.n, self.id, self.last_seq = log, n, log.id, log.last_seq
 
     def events(self, after: int = 0):
         for i, record in enumerate(self.log.events(after)):
@@ -631,3 +632,30 @@ def test_docs_examples_run(tmp_path: Path) -> None:
     namespace: dict[str, Any] = {"tmp": str(tmp_path)}
     for block in blocks:
         exec(compile(block, str(DOCS), "exec"), namespace)
+
+
+def test_a_projection_ahead_of_its_log_is_refused(tmp_path):
+    import shutil
+
+    from eventlog import EventLog
+    from projections import SQLiteProjection
+    from projections.errors import LogMismatchError
+
+    path = tmp_path / "log"
+    with EventLog.open(path) as log:
+        log.flush("s", [{"role": "user", "content": "one"}])
+    shutil.copytree(path, tmp_path / "backup")
+    proj = SQLiteProjection(tmp_path / "p.db")
+    try:
+        with EventLog.open(path) as log:
+            log.flush("s", [{"role": "user", "content": "one"}, {"role": "user", "content": "two"}])
+            proj.catch_up(log)
+        shutil.rmtree(path)
+        shutil.copytree(tmp_path / "backup", path)  # the log restored from an older copy
+        with EventLog.open(path) as log:
+            with pytest.raises(LogMismatchError, match="ahead|ends at"):
+                proj.catch_up(log)
+            proj.rebuild(log)
+            assert [m["content"] for m in proj.messages("s")] == ["one"]
+    finally:
+        proj.close()
