@@ -137,8 +137,11 @@ def prepare(
     Raises :class:`~eventlog.errors.InvalidMessageError` for a message that is not
     JSON-like; nothing is cached or written in that case.
     """
-    raw = list(messages)
-    reuse = _reusable(raw, previous, trust_identity)
+    given = messages if type(messages) is list else list(messages)
+    reuse = _reusable(given, previous, trust_identity)
+    if previous is not None and reuse == len(given) == len(previous.raw) and (chain or not previous.nodes):
+        return previous  # the very same messages, unchanged: nothing to compute or copy
+    raw = list(given) if given is messages else given  # a snapshot: the caller's list will change
     out = Prepared([], [], [], [], raw, [], [])
     parent = ZERO
     if reuse:
@@ -188,17 +191,27 @@ def prepare(
     return out
 
 
+CHUNK_MESSAGES = 256
+"""Most messages per verification chunk: encoding a few hundred messages at a time keeps the
+buffers small and warm (one multi-megabyte encoding costs more than its pieces)."""
+
+
 def _extend_chunks(out: Prepared) -> None:
-    """Cover the messages after the last chunk with a new one, merging like a binary counter
-    so that there are O(log n) chunks and each byte is copied O(log n) times."""
+    """Cover the messages after the last chunk, merging small chunks like a binary counter (so a
+    session grown ten messages at a time has few chunks) up to :data:`CHUNK_MESSAGES` each."""
     chunks = out.chunks
+    fast = out.fast
     start = chunks[-1][1] if chunks else 0
-    if start < len(out.fast):
-        tail = out.fast[start:]
-        chunks.append((start, len(out.fast), None if None in tail else b"".join(tail)))  # type: ignore[arg-type]
-    while len(chunks) >= 2 and chunks[-2][1] - chunks[-2][0] <= chunks[-1][1] - chunks[-1][0]:
-        (a, _, left), (_, b, right) = chunks[-2], chunks[-1]
-        chunks[-2:] = [(a, b, None if left is None or right is None else left + right)]
+    while start < len(fast):
+        stop = min(start + CHUNK_MESSAGES, len(fast))
+        part = fast[start:stop]
+        chunks.append((start, stop, None if None in part else b"".join(part)))  # type: ignore[arg-type]
+        start = stop
+        while len(chunks) >= 2:
+            (a, m, left), (_, b, right) = chunks[-2], chunks[-1]
+            if m - a > b - m or b - a > CHUNK_MESSAGES:
+                break
+            chunks[-2:] = [(a, b, None if left is None or right is None else left + right)]
 
 
 def _array_header_size(n: int) -> int:
@@ -220,7 +233,7 @@ def _kept_before(kept: list[int], limit: int) -> int:
 def _identical_prefix(raw: list[Any], old: list[Any]) -> int:
     """How many leading items of ``raw`` are the very objects of ``old``."""
     n = min(len(raw), len(old))
-    if all(map(is_, raw[:n], old)):
+    if all(map(is_, raw, old)):  # map stops at the shorter list
         return n
     start, block = 0, 256
     while start < n:  # find the block with the first difference in C, then the item
