@@ -10,7 +10,7 @@ from typing import Any, Protocol
 
 from . import codec
 from .errors import InvalidMessageError
-from .replay import BodyReader, Occurrence, fill, repair, replay
+from .replay import BodyReader, Occurrence, fill, paused_gc, repair, replay
 from .snapshot import Prepared, SnapshotCache, is_ephemeral, prepare
 from .store import Record, Store, iter_events
 from .verify import VerifyReport, verify
@@ -396,7 +396,8 @@ class EventLog:
         with store.read() as txn:
             state = self._writer.require(txn, session_id)
             if as_of is None:
-                out = BodyReader(store, txn).messages(store.locations(txn, state.number, state.length))
+                with paused_gc(state.length):
+                    out = BodyReader(store, txn).messages(store.locations(txn, state.number, state.length))
             else:
                 occurrences, live = replay(store, txn, session_id, as_of)
                 reader = BodyReader(store, txn)
