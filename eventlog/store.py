@@ -238,7 +238,11 @@ class Store:
         self._closed = False
         self._tail = (0, bytes(32))  # last committed event seen by this process: (seq, hash)
         self._pending_tail: tuple[int, bytes] | None = None  # written by the open write transaction
-        self.log_id = self._init_meta() if not readonly else self._read_log_id()
+        try:
+            self.log_id = self._init_meta() if not readonly else self._read_log_id()
+        except BaseException:
+            self.env.close()
+            raise
 
     # -- lifecycle -------------------------------------------------------------
 

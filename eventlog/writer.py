@@ -60,7 +60,7 @@ class Writer:
         self.store = store
 
     def append(self, txn: lmdb.Transaction, session_id: str, prepared: Prepared, expected: bytes | None) -> FlushResult:
-        batch = Batch(self.store, txn)
+        """Append ``prepared`` after the head; a retry that already follows ``expected`` writes nothing."""
         state = self.store.session(txn, session_id)
         length = state.length if state else 0
         head = state.head if state else ZERO
@@ -74,6 +74,7 @@ class Writer:
             )
         if not prepared.bodies:
             return FlushResult(0, 0, length, _head_hex(length, head))
+        batch = Batch(self.store, txn)
         if state is None:
             state = self.open_session(batch, session_id)
         digests = prepared.digests
@@ -83,6 +84,7 @@ class Writer:
         return FlushResult(len(nodes), 0, length, state.head.hex())
 
     def rewind(self, txn: lmdb.Transaction, session_id: str, to: int) -> FlushResult:
+        """Tombstone the live messages from position ``to`` (reason ``rewind``)."""
         state = self.require(txn, session_id)
         if not isinstance(to, int) or isinstance(to, bool) or not 0 <= to <= state.length:
             raise ValueError(f"rewind to={to!r}: session {session_id!r} has {state.length} messages")
@@ -95,6 +97,7 @@ class Writer:
         return FlushResult(0, count, to, _head_hex(state.length, state.head))
 
     def compact(self, txn: lmdb.Transaction, session_id: str, start: int, end: int, prepared: Prepared, expected: bytes | None) -> FlushResult:
+        """Replace ``[start, end)`` with the summary and carry everything after ``end``."""
         state = self.require(txn, session_id)
         seen = state.length
         if expected is not None:
@@ -129,6 +132,7 @@ class Writer:
         return FlushResult(len(nodes), length - start, start, _head_hex(state.length, state.head))
 
     def fork(self, txn: lmdb.Transaction, source_id: str, new_id: str, at: int | None) -> FlushResult:
+        """Open ``new_id`` with a copy of the source's chain entries for its first ``at`` messages."""
         source = self.require(txn, source_id)
         if self.store.session(txn, new_id) is not None:
             raise ConflictError(f"cannot fork into {new_id!r}: that session already exists")
@@ -149,12 +153,14 @@ class Writer:
         return FlushResult(0, 0, shared, _head_hex(shared, head))
 
     def update(self, txn: lmdb.Transaction, session_id: str, plain: dict[str, Any], counters: dict[str, float | int]) -> None:
+        """Record session metadata (opening the session when it is new)."""
         batch = Batch(self.store, txn)
         state = self.store.session(txn, session_id) or self.open_session(batch, session_id)
         batch.emit(ev.SessionUpdated(session=session_id, fields=plain, counters=counters), state)
         batch.save(session_id, state)
 
     def close(self, txn: lmdb.Transaction, session_id: str, reason: str) -> None:
+        """Record the end of the session."""
         state = self.require(txn, session_id)
         batch = Batch(self.store, txn)
         batch.emit(ev.SessionClosed(session=session_id, reason=reason), state)
@@ -201,6 +207,7 @@ class Writer:
         expected: bytes | None,
         replace: bool,
     ) -> FlushResult:
+        """Make the stored live transcript equal to ``prepared`` (see :meth:`EventLog.flush`)."""
         store = self.store
         state = store.session(txn, session_id)
         length = state.length if state else 0
