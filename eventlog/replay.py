@@ -83,27 +83,6 @@ class BodyReader:
     def __init__(self, store: Store, txn: lmdb.Transaction) -> None:
         self.store = store
         self.txn = txn
-        self._events: dict[int, ev.MessagesAppended] = {}
-
-    def appended(self, seq: int) -> ev.MessagesAppended:
-        found = self._events.get(seq)
-        if found is None:
-            raw = self._raw(seq)
-            found = self.store.load(seq, raw).event  # type: ignore[assignment]
-            if not isinstance(found, ev.MessagesAppended):
-                raise CorruptLogError(f"{self.store.path}: event {seq} holds no message bodies")
-            self._events[seq] = found
-        return found
-
-    def body(self, seq: int, index: int) -> bytes:
-        appended = self.appended(seq)
-        try:
-            body = appended.bodies[index]
-        except IndexError:
-            raise CorruptLogError(f"{self.store.path}: event {seq} has no message {index}") from None
-        if index in appended.carried:
-            raise CorruptLogError(f"{self.store.path}: event {seq} message {index} is a reference, not a body")
-        return bytes(body)
 
     def messages(self, locations: Iterable[tuple[bytes, int, int]]) -> list[dict[str, Any]]:
         """The messages stored at ``(digest, seq, index)`` locations, each a fresh dict."""
