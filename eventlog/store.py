@@ -71,6 +71,9 @@ DURABILITY: Final = {
 
 MIB = 1 << 20
 PAGE = 4096
+MARKER = "eventlog.id"
+"""A file written beside the LMDB files once the log exists (its id in hex): with it, an empty
+or missing data file is damage, not a log still being created by another process."""
 READER_CHECK_EVERY = 64
 """Commits between sweeps of reader slots left by dead processes (they pin old pages)."""
 
@@ -178,9 +181,12 @@ class Store:
         if max_map_size is not None:
             map_size = min(map_size, max_map_size)
         data = os.path.join(self.path, "data.mdb")
-        if os.path.exists(data) and os.path.getsize(data) < 2 * PAGE:
-            # LMDB would quietly start a new, empty log over a truncated file.
-            raise CorruptLogError(f"{data}: the data file is truncated ({os.path.getsize(data)} bytes); restore it from a backup")
+        marker = os.path.join(self.path, MARKER)
+        if os.path.exists(marker) and (not os.path.exists(data) or os.path.getsize(data) < 2 * PAGE):
+            # This directory held a log (the marker is written once it exists), so an empty
+            # or missing data file is damage; LMDB would quietly start a new, empty log.
+            size = os.path.getsize(data) if os.path.exists(data) else 0
+            raise CorruptLogError(f"{data}: the data file is missing or truncated ({size} bytes); restore it from a backup")
         for _ in range(100):
             try:
                 self.env = lmdb.open(
@@ -240,6 +246,8 @@ class Store:
         self._pending_tail: tuple[int, bytes] | None = None  # written by the open write transaction
         try:
             self.log_id = self._init_meta() if not readonly else self._read_log_id()
+            if not readonly and not os.path.exists(marker):
+                _write_marker(marker, self.log_id)
         except BaseException:
             self.env.close()
             raise
@@ -594,6 +602,15 @@ def _fail(group: list[_Request], error: BaseException) -> None:
     for request in group:
         request.error = error
         request.done = True
+
+
+def _write_marker(path: str, log_id: bytes) -> None:
+    temporary = f"{path}.{os.getpid()}.tmp"
+    with open(temporary, "w", encoding="ascii") as handle:
+        handle.write(log_id.hex() + "\n")
+        handle.flush()
+        os.fsync(handle.fileno())
+    os.replace(temporary, path)
 
 
 def _file_identity(path: str) -> tuple[int, int] | None:
