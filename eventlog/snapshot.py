@@ -20,6 +20,7 @@ stored is always decided against the log itself.
 from __future__ import annotations
 
 import threading
+from bisect import bisect_left
 from collections import OrderedDict
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -74,9 +75,6 @@ class Prepared:
     None).  Re-encoding ``raw[start:stop]`` as one list and comparing it with the blob
     checks a whole run of messages in one C call (default mode only)."""
 
-    @property
-    def head(self) -> bytes:
-        return self.nodes[-1] if self.nodes else ZERO
 
 
 class SnapshotCache:
@@ -146,7 +144,7 @@ def prepare(
     parent = ZERO
     if reuse:
         assert previous is not None
-        kept_reused = _kept_before(previous.kept, reuse)
+        kept_reused = bisect_left(previous.kept, reuse)  # kept indices below `reuse`
         out.kept = previous.kept[:kept_reused]
         out.bodies = previous.bodies[:kept_reused]
         out.digests = previous.digests[:kept_reused]
@@ -216,18 +214,6 @@ def _extend_chunks(out: Prepared) -> None:
 
 def _array_header_size(n: int) -> int:
     return 1 if n < 16 else 3 if n < 65536 else 5
-
-
-def _kept_before(kept: list[int], limit: int) -> int:
-    """How many kept indices are below ``limit`` (kept is sorted)."""
-    lo, hi = 0, len(kept)
-    while lo < hi:
-        mid = (lo + hi) // 2
-        if kept[mid] < limit:
-            lo = mid + 1
-        else:
-            hi = mid
-    return lo
 
 
 def _identical_prefix(raw: list[Any], old: list[Any]) -> int:
