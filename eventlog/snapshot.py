@@ -6,9 +6,11 @@ so per session the last flushed list is remembered in a :class:`SnapshotCache`:
 strong references to the caller's objects (so an ``id()`` can never be recycled
 while it is cached) with each message's canonical bytes and node digest.
 
-- Default mode: a message that is the *same object* as last time is re-encoded
-  and its bytes compared with the cached bytes (no hashing).  Every in-place edit
-  is still detected.
+- Default mode: a message that is the *same object* as last time is compared
+  with a *copy* of its containers taken when it was last seen unchanged.  The copy
+  shares the caller's strings, so the comparison runs in C and never reads the
+  text; numbers compare by type and value.  Every in-place edit is still detected,
+  and anything the comparison cannot vouch for is re-encoded and re-hashed.
 - Trust mode (``trust_identity=True``): the caller promises never to mutate a
   flushed message, and the same object is trusted without re-encoding, so a flush
   costs what its new messages cost.
@@ -25,11 +27,11 @@ from collections import OrderedDict
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from hashlib import sha256
-from operator import is_
+from math import copysign
 from typing import Any
 
 from . import codec
-from .codec import ZERO
+from .codec import MAX_DEPTH, ZERO
 
 EPHEMERAL_FLAGS = (
     "_empty_recovery_synthetic",
@@ -70,11 +72,11 @@ class Prepared:
     """Per caller index: the encoding of the message as given (with ``_`` keys), None if not encodable."""
     flags: list[bool] = field(default_factory=list)
     """Per caller index: whether the message was scaffolding."""
-    chunks: list[tuple[int, int, bytes | None]] = field(default_factory=list)
-    """``(start, stop, blob)``: ``blob`` is ``fast[start:stop]`` joined (None if one is
-    None).  Re-encoding ``raw[start:stop]`` as one list and comparing it with the blob
-    checks a whole run of messages in one C call (default mode only)."""
-
+    copies: list[Any] = field(default_factory=list)
+    """Per caller index: a copy of the message's containers (see :func:`copy_message`), or
+    :data:`PENDING` until a later flush has checked the message against ``fast`` (a session
+    flushed once, like a bulk import, never pays for copies), or :data:`UNCOPYABLE`
+    (default mode only)."""
 
 
 class SnapshotCache:
@@ -152,7 +154,7 @@ def prepare(
         out.fast = previous.fast[:reuse]
         out.flags = previous.flags[:reuse]
         if not trust_identity:
-            out.chunks = [chunk for chunk in previous.chunks if chunk[1] <= reuse]
+            out.copies = previous.copies[:reuse]
         if out.nodes:
             parent = out.nodes[-1]
     # The per-message loop of every flush: locals and inlined checks on purpose.
@@ -185,92 +187,141 @@ def prepare(
             parent = sha256(parent + digest).digest()
             nodes_out(parent)
     if not trust_identity:
-        _extend_chunks(out)
+        if previous is None:
+            out.copies.extend([PENDING] * (len(raw) - len(out.copies)))
+        else:  # a session flushed again and again: copy the new messages now
+            out.copies.extend(map(copy_message, raw[len(out.copies):]))
     return out
 
 
-CHUNK_MESSAGES = 256
-"""Most messages per verification chunk: encoding a few hundred messages at a time keeps the
-buffers small and warm (one multi-megabyte encoding costs more than its pieces)."""
+class _Marker:
+    __slots__ = ("name",)
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+
+    def __repr__(self) -> str:
+        return self.name
+
+    # A marker equals nothing but itself, so a list comparison stops at it.
 
 
-def _extend_chunks(out: Prepared) -> None:
-    """Cover the messages after the last chunk, merging small chunks like a binary counter (so a
-    session grown ten messages at a time has few chunks) up to :data:`CHUNK_MESSAGES` each."""
-    chunks = out.chunks
-    fast = out.fast
-    start = chunks[-1][1] if chunks else 0
-    while start < len(fast):
-        stop = min(start + CHUNK_MESSAGES, len(fast))
-        part = fast[start:stop]
-        chunks.append((start, stop, None if None in part else b"".join(part)))  # type: ignore[arg-type]
-        start = stop
-        while len(chunks) >= 2:
-            (a, m, left), (_, b, right) = chunks[-2], chunks[-1]
-            if m - a > b - m or b - a > CHUNK_MESSAGES:
-                break
-            chunks[-2:] = [(a, b, None if left is None or right is None else left + right)]
+PENDING: Any = _Marker("PENDING")
+"""No copy yet: the message is checked against its encoding, then copied."""
+UNCOPYABLE: Any = _Marker("UNCOPYABLE")
+"""The message holds something other than JSON-like values (under a ``_`` key): always re-encoded."""
 
 
-def _array_header_size(n: int) -> int:
-    return 1 if n < 16 else 3 if n < 65536 else 5
+class _Number:
+    """A number inside a message copy: equal only to a number of the same type, value and sign.
+
+    ``1 == 1.0 == True`` and ``0.0 == -0.0`` in Python, but their canonical bytes
+    differ, so a copy must not take one for the other.
+    """
+
+    __slots__ = ("value",)
+
+    def __init__(self, value: int | float) -> None:
+        self.value = value
+
+    def __eq__(self, other: object) -> bool:
+        value = self.value
+        if other is value:
+            return True
+        return type(other) is type(value) and other == value and (value or copysign(1.0, other) == copysign(1.0, value))  # type: ignore[arg-type]
+
+    __hash__ = None  # type: ignore[assignment]
+
+    def __repr__(self) -> str:
+        return f"_Number({self.value!r})"
 
 
-def _identical_prefix(raw: list[Any], old: list[Any]) -> int:
-    """How many leading items of ``raw`` are the very objects of ``old``."""
-    n = min(len(raw), len(old))
-    if all(map(is_, raw, old)):  # map stops at the shorter list
-        return n
-    start, block = 0, 256
-    while start < n:  # find the block with the first difference in C, then the item
-        stop = min(start + block, n)
-        if all(map(is_, raw[start:stop], old[start:stop])):
-            start = stop
-            continue
-        while raw[start] is old[start]:
-            start += 1
-        return start
-    return n
+class _Uncopyable(Exception):
+    pass
+
+
+def copy_message(message: Any) -> Any:
+    """A copy of ``message``'s dicts, lists and tuples that shares its strings.
+
+    ``copy == message`` is then True exactly when nothing was changed in place
+    (a false "changed" only costs a re-encoding): the comparison walks the containers
+    in C and, for the strings that are still the very same objects, compares
+    pointers.  Numbers are wrapped in :class:`_Number`.  Returns :data:`UNCOPYABLE`
+    for a message holding anything else (possible under ``_`` keys), or nested
+    deeper than :data:`~eventlog.codec.MAX_DEPTH`.
+    """
+    if type(message) is not dict:
+        return UNCOPYABLE
+    try:
+        return _copy(message, 0)
+    except _Uncopyable:
+        return UNCOPYABLE
+
+
+def _copy(value: Any, depth: int) -> Any:
+    kind = type(value)
+    if kind is str or value is None:
+        return value
+    if depth > MAX_DEPTH:
+        raise _Uncopyable
+    if kind is dict:
+        return {key: item if type(item) is str or item is None else _copy(item, depth + 1) for key, item in value.items()}
+    if kind is list:
+        return [item if type(item) is str or item is None else _copy(item, depth + 1) for item in value]
+    if kind is tuple:
+        return tuple([item if type(item) is str or item is None else _copy(item, depth + 1) for item in value])
+    if kind is int or kind is float or kind is bool:
+        return _Number(value)
+    raise _Uncopyable
 
 
 def _reusable(raw: list[Any], previous: Prepared | None, trust_identity: bool) -> int:
     """How many leading messages of ``raw`` can reuse ``previous``'s results unchanged."""
     if previous is None or not previous.raw:
         return 0
-    same = _identical_prefix(raw, previous.raw)
-    if trust_identity or same == 0:
-        return same
-    # Same objects, but a dict may have been edited in place: compare fresh encodings
-    # with the cached ones, a chunk at a time (one C call and one memcmp each), no hashing.
-    encode, fast = codec.encode, previous.fast
-    checked = 0
-    for start, stop, blob in previous.chunks:
-        if stop > same:
-            break
-        if blob is not None:
-            try:
-                current = encode(raw[start:stop])
-            except Exception:  # an unencodable `_` value; look message by message
-                current = b""
-            if len(current) == len(blob) + _array_header_size(stop - start) and current.endswith(blob):
-                checked = stop
-                continue
-        changed = _first_changed(raw, fast, start, stop)
-        if changed < stop:
-            return changed
-        checked = stop
-    return _first_changed(raw, fast, checked, same)
-
-
-def _first_changed(raw: list[Any], fast: list[bytes | None], start: int, stop: int) -> int:
-    """The first index in ``start..stop-1`` whose encoding differs from ``fast`` (else ``stop``)."""
-    encode = codec.encode
-    for index in range(start, stop):
+    same = min(len(raw), len(previous.raw))
+    if trust_identity:
+        # The same objects (or ones equal to them): list equality compares pointers first, in C.
+        old = previous.raw
+        if same == len(old) and (old == raw if same == len(raw) else old == raw[:same]):
+            return same
+        return _first_unequal(old, raw, 0, same)
+    # A dict may have been edited in place, or replaced by a fresh one: compare with the copies.
+    copies, fast, encode = previous.copies, previous.fast, codec.encode
+    start = 0
+    while (start := _first_unequal(copies, raw, start, same)) < same:
+        copy = copies[start]
+        if copy is not PENDING and copy is not UNCOPYABLE:
+            return start  # changed in place (or only in a way hashing it again will show is harmless)
+        message = raw[start]
         try:
-            current: bytes | None = encode(raw[index])
-        except Exception:
+            current: bytes | None = encode(message)
+        except Exception:  # an unencodable `_` value: only hashing it again can tell
             current = None
-        if current is None or current != fast[index]:
-            # Could be a change only in `_` keys or scaffolding flags; hashing it again sorts that out.
-            return index
+        if current is None or current != fast[start]:
+            return start
+        if copy is PENDING:
+            # Unchanged since it was flushed: copy it now, so the next check is a comparison.
+            # (Writing into the cached list is safe: it only ever gains copies.)
+            copies[start] = copy_message(message)
+        start += 1
+    return same
+
+
+def _first_unequal(old: list[Any], raw: list[Any], start: int, stop: int) -> int:
+    """The first index in ``start..stop-1`` where ``old[i] != raw[i]``, else ``stop``.
+
+    Compares growing blocks in C; an unequal block is searched item by item.
+    """
+    block = 64
+    while start < stop:
+        end = min(start + block, stop)
+        if old[start:end] == raw[start:end]:
+            start = end
+            block = min(block * 2, 8192)
+            continue
+        for index in range(start, end):
+            if not old[index] == raw[index]:
+                return index
+        return start  # the block differed a moment ago: a concurrent edit; check it all again
     return stop

@@ -345,3 +345,65 @@ def test_large_flush_is_split_into_bounded_events_in_one_transaction(log):
     assert log.history("s")[-1].override is None
     assert [o.override for o in log.history("s") if o.tombstone is None and o.position == EVENT_MESSAGES + 3] == [{"content": "clean"}]
     assert log.verify().ok
+
+
+def _numbers_message():
+    return {"role": "tool", "tool_call_id": "c1", "content": [{"type": "text", "text": "ok"}],
+            "n": 1, "x": 0.0, "ok": False, "pair": ("a", "b"),
+            "tool_calls": [{"id": "c1", "function": {"name": "f", "arguments": "{}"}}]}
+
+
+def _set(key, value):
+    def edit(m):
+        m[key] = value
+    return edit
+
+
+IN_PLACE_EDITS = {
+    "int to bool": _set("n", True),
+    "int to float": _set("n", 1.0),
+    "bool to int": _set("ok", 0),
+    "zero to minus zero": _set("x", -0.0),
+    "nested string": lambda m: m["tool_calls"][0]["function"].__setitem__("arguments", '{"a": 1}'),
+    "nested list grows": lambda m: m["content"].append({"type": "text", "text": "more"}),
+    "key added": _set("name", "x"),
+    "key removed": lambda m: m.pop("n"),
+}
+
+
+@pytest.mark.parametrize("copied", [False, True], ids=["first-reflush", "after-copy"])
+@pytest.mark.parametrize("edit", list(IN_PLACE_EDITS), ids=list(IN_PLACE_EDITS))
+def test_every_in_place_edit_is_recorded(log, edit, copied):
+    """Edits that Python's == would call equal (1 == True == 1.0, 0.0 == -0.0) change the canonical
+    bytes, so the cheap comparison of cached copies must not miss them."""
+    messages = [user("q"), _numbers_message(), user("q2")]
+    log.flush("s", messages)
+    if copied:
+        assert log.flush("s", messages).appended == 0  # checked by encoding, then copied
+    IN_PLACE_EDITS[edit](messages[1])
+    result = log.flush("s", messages)
+    assert (result.appended, result.tombstoned) == (2, 2)
+    assert log.messages("s") == copy.deepcopy([*messages[:1], {**messages[1], "pair": list(messages[1]["pair"])}, *messages[2:]])
+    assert log.flush("s", messages).appended == 0
+
+
+@pytest.mark.parametrize("copied", [False, True], ids=["first-reflush", "after-copy"])
+def test_equal_replacements_in_place_write_nothing(log, copied):
+    messages = [user("q"), _numbers_message()]
+    log.flush("s", messages)
+    if copied:
+        log.flush("s", messages)
+    messages[1]["pair"] = ["a", "b"]  # a list where a tuple was: the same canonical bytes
+    messages[1]["content"] = "".join(["o", "k"]) and copy.deepcopy(messages[1]["content"])  # equal, new objects
+    messages[1]["_note"] = object()  # a process-local annotation
+    assert log.flush("s", messages).appended == 0
+    assert log.flush("s", messages).appended == 0
+
+
+def test_in_place_flag_makes_a_stored_message_scaffolding(log):
+    messages = [user("q"), assistant("thinking"), user("q2")]
+    log.flush("s", messages)
+    log.flush("s", messages)
+    messages[1]["_thinking_prefill"] = True
+    result = log.flush("s", messages)
+    assert result.tombstoned == 2 and [m["content"] for m in log.messages("s")] == ["q", "q2"]
