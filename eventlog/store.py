@@ -232,9 +232,9 @@ class Store:
         self._identity = _file_identity(data)
         # In-process coordination: one writer at a time, and no transaction open
         # while the map is resized (LMDB requires that of set_mapsize).
-        self._write_lock = threading.Lock()
-        self._queue_lock = threading.Lock()
+        self._group = threading.Condition()  # guards the queue and the leader flag
         self._queue: list[_Request] = []
+        self._leading = False  # a thread is committing a group
         self.max_group = 64
         self.commits = 0  # write transactions committed by this process
         self.grouped_writes = 0  # writes those commits carried
@@ -365,20 +365,36 @@ class Store:
         Group commit: writes that arrive from other threads while a commit is in
         flight wait, and the next writer commits all of them in one LMDB transaction
         (one sync for the group), each in its own nested transaction, so a body that
-        raises fails its own caller alone and leaves nothing behind.
+        raises fails its own caller alone and leaves nothing behind.  A leader keeps
+        committing groups until its own write is in one; waiters are woken as soon as
+        the commit that holds their write is done.
         """
         request = _Request(body)
-        with self._queue_lock:
+        with self._group:
             self._queue.append(request)
-        while True:
-            with self._write_lock:
-                if not request.done:
-                    with self._queue_lock:
+            while not request.done and self._leading:
+                self._group.wait()  # a leader is committing: it or the next one takes this request
+            lead = not request.done
+            if lead:
+                self._leading = True
+        if lead:
+            try:
+                while True:
+                    with self._group:
                         group = self._queue[: self.max_group]
                         del self._queue[: self.max_group]
                     self._commit_group(group)
-            if request.done:
-                break
+                    with self._group:
+                        self._group.notify_all()  # wake the callers this commit acknowledged
+                        if request.done:
+                            break
+            finally:
+                with self._group:
+                    self._leading = False
+                    for waiting in self._queue:
+                        if not waiting.done:
+                            self._group.notify_all()  # one of them leads the next group
+                            break
         if request.error is not None:
             raise request.error
         return request.result  # type: ignore[return-value]
