@@ -82,8 +82,8 @@ def inspect(message: Any, index: int, *, encoded: bool = False) -> bool:
             continue
         kind = type(item)
         if encoded:
-            if kind is str or item is None or kind is bool or kind is int:
-                continue  # the common leaves, without a call
+            if kind is str or item is None or kind is bool or kind is int or (kind is float and item - item == 0.0):
+                continue  # the common leaves, without a call (x - x is 0.0 for finite floats only)
         elif (kind is str and item.isascii()) or item is None or kind is bool or (kind is int and -(2**63) <= item < 2**64):
             continue
         if not encoded and not key.isascii() and not _utf8_ok(key):
@@ -131,7 +131,7 @@ def _problem(value: Any, depth: int, encoded: bool = False) -> tuple[list[Any], 
                 return [key], f"key {key!r} is a {type(key).__name__}, not a str"
             kind = type(item)
             if encoded:
-                if kind is str or item is None or kind is bool or kind is int:
+                if kind is str or item is None or kind is bool or kind is int or (kind is float and item - item == 0.0):
                     continue  # the common leaves, without a call
             else:
                 if not key.isascii() and not _utf8_ok(key):

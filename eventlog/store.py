@@ -658,12 +658,16 @@ class Batch:
 
     def emit(self, event: ev.AnyEvent, state: SessionState) -> int:
         seq = self.seq + 1
-        raw = HEADER.pack(self.hash, self.now, ev.KIND[type(event)], state.number, state.last_seq) + ev.encoder.encode(event)
+        raw = bytearray(HEADER.size)  # envelope and event in one buffer: no copies of the bodies
+        HEADER.pack_into(raw, 0, self.hash, self.now, ev.KIND[type(event)], state.number, state.last_seq)
+        ev.encoder.encode_into(event, raw, HEADER.size)
         key = SEQ.pack(seq)
         if not self.txn.put(key, raw, db=self.store.events, append=True, overwrite=False):
             raise CorruptLogError(f"{self.store.path}: event {seq} already exists")
         self.seq = seq
-        self.hash = sha256(key + raw).digest()
+        digest = sha256(key)
+        digest.update(raw)
+        self.hash = digest.digest()
         self.store._pending_tail = (seq, self.hash)
         state.last_seq = seq
         state.last_hash = self.hash

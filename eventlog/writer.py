@@ -260,7 +260,10 @@ class Writer:
             bodies: list[bytes] = []
             carried: dict[int, tuple[int, int]] = {}
             batch_notes: dict[int, dict[str, Any]] = {}
-            for i, position in enumerate(range(k, len(nodes))):
+            positions = range(k, len(nodes)) if carry_from or notes else range(0)
+            if not positions:  # the common case: nothing carried, no overrides
+                bodies = prepared.bodies[k:]
+            for i, position in enumerate(positions):
                 where = carry_from.get(prepared.digests[position])
                 if where is None:
                     bodies.append(prepared.bodies[position])
@@ -364,7 +367,7 @@ class Writer:
         summaries: int,
     ) -> None:
         store, txn = self.store, batch.txn
-        raw_bodies = [ev.CARRIED if i in carried else msgspec.Raw(body) for i, body in enumerate(bodies)]
+        raw_bodies = [ev.CARRIED if i in carried else msgspec.Raw(body) for i, body in enumerate(bodies)] if carried else list(map(msgspec.Raw, bodies))
         seq = batch.emit(
             ev.MessagesAppended(
                 session=session_id,
@@ -379,10 +382,17 @@ class Writer:
             state,
         )
         number, pack_link, base = state.number, LINK.pack, state.length
-        entries = [
-            (chain_key(number, base + i), pack_link(node, digest, *(carried.get(i) or (seq, i))))
-            for i, (digest, node) in enumerate(zip(digests, nodes))
-        ]
+        prefix, pack_position = chain_key(number, 0)[:9], SEQ.pack
+        if carried:
+            entries = [
+                (prefix + pack_position(base + i), pack_link(node, digest, *(carried.get(i) or (seq, i))))
+                for i, (digest, node) in enumerate(zip(digests, nodes))
+            ]
+        else:
+            entries = [
+                (prefix + pack_position(base + i), pack_link(node, digest, seq, i))
+                for i, (digest, node) in enumerate(zip(digests, nodes))
+            ]
         entries += [(note_key(number, base + i), nodes[i] + codec.encode(note)) for i, note in notes.items()]
         txn.cursor(db=store.index).putmulti(entries)
         state.length = base + len(nodes)
