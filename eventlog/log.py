@@ -5,11 +5,12 @@ from __future__ import annotations
 import logging
 import os
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from typing import Any, Protocol
+from typing import Any
 
 
 from . import codec
 from .errors import InvalidMessageError
+from .projector import Projection, Projector, bind
 from .replay import BodyReader, Occurrence, fill, paused_gc, repair, replay
 from .snapshot import Prepared, SnapshotCache, is_ephemeral, prepare
 from .store import Record, Store, iter_events
@@ -36,12 +37,6 @@ COUNTERS = frozenset(
 
 MAX_SESSION_ID_BYTES = 256
 
-
-
-class Projection(Protocol):
-    """What :meth:`EventLog.open` accepts in ``projections``."""
-
-    def catch_up(self, log: EventLog) -> int: ...
 
 
 def check_session_id(session_id: object) -> str:
@@ -88,6 +83,7 @@ class EventLog:
         trust_identity: bool = False,
         cache_messages: int = 200_000,
         projections: Sequence[Projection] = (),
+        project_in_background: bool = True,
     ) -> None:
         self._store = store
         self._writer = Writer(store)
@@ -95,6 +91,11 @@ class EventLog:
         self._trust_identity = trust_identity
         self._cache = SnapshotCache(cache_messages)
         self._projections = list(projections)
+        self._projector: Projector | None = None
+        if self._projections and project_in_background:
+            self._projector = Projector(self, self._projections)
+            for projection in self._projections:
+                bind(projection, self._projector.wait)
         self._pid = os.getpid()
 
     @classmethod
@@ -109,6 +110,7 @@ class EventLog:
         max_map_size: int | None = None,
         cache_messages: int = 200_000,
         projections: Sequence[Projection] = (),
+        project_in_background: bool = True,
         readonly: bool = False,
     ) -> EventLog:
         """Open (creating when needed) the log in directory ``path``.
@@ -121,7 +123,10 @@ class EventLog:
         ``trust_identity`` promises that flushed message dicts are never mutated in
         place, so unchanged objects are not re-encoded.  The map starts at
         ``map_size`` bytes and grows by itself up to ``max_map_size``.  Each
-        projection is caught up now and after every write.
+        projection is caught up now, and after every write: on a background thread
+        (``project_in_background``, the default), so a write returns once the log has
+        committed it, or inside the write call.  Projections that read through their
+        own API wait for the background thread first; see :meth:`sync_projections`.
         """
         store = Store(path, durability=durability, map_size=map_size, max_map_size=max_map_size, readonly=readonly)
         log = cls(
@@ -130,17 +135,35 @@ class EventLog:
             trust_identity=trust_identity,
             cache_messages=cache_messages,
             projections=projections,
+            project_in_background=project_in_background,
         )
-        for projection in log._projections:
-            projection.catch_up(log)
+        try:
+            for projection in log._projections:
+                projection.catch_up(log)
+        except BaseException:
+            log.close()
+            raise
         return log
 
     # -- lifecycle -------------------------------------------------------------
 
     def close(self) -> None:
-        """Close the log; it cannot be used afterwards."""
+        """Bring the attached projections up to date, then close the log; it cannot be used afterwards."""
+        if self._projector is not None:
+            self._projector.close()
         self._cache.clear()
         self._store.close()
+
+    def sync_projections(self, timeout: float | None = None) -> bool:
+        """Wait until the attached projections hold every write made so far; False on timeout.
+
+        Only needed by readers that query a projection's database directly (with
+        ``sqlite3``, another process): the projection's own read methods wait by
+        themselves.  Returns True at once when projecting inside the writes.
+        """
+        if self._projector is None:
+            return True
+        return self._projector.wait(timeout)
 
     def __enter__(self) -> EventLog:
         return self
@@ -434,6 +457,9 @@ class EventLog:
     # -- internals -------------------------------------------------------------
 
     def _after_write(self) -> None:
+        if self._projector is not None:
+            self._projector.poke(self._store._tail[0])
+            return
         for projection in self._projections:
             try:
                 projection.catch_up(self)

@@ -16,7 +16,7 @@ from __future__ import annotations
 import os
 import sqlite3
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any
 
@@ -62,6 +62,7 @@ class SQLiteProjection:
         self.search_lag = search_lag
         self.batch = batch
         self._lock = threading.RLock()
+        self._wait: Callable[[float | None], bool] | None = None
         try:
             self._db = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False, timeout=60)
         except sqlite3.Error as e:
@@ -100,6 +101,12 @@ class SQLiteProjection:
 
     def __repr__(self) -> str:
         return f"SQLiteProjection({self.path!r})"
+
+    def bind(self, wait: Callable[[float | None], bool]) -> None:
+        """Called by :meth:`EventLog.open` when the log projects on a background thread:
+        every read method first waits with ``wait`` until the log's writes so far are
+        applied, so a reader always sees its own writes."""
+        self._wait = wait
 
     # -- writing ---------------------------------------------------------------
 
@@ -162,6 +169,8 @@ class SQLiteProjection:
 
     def sync_search(self) -> int:
         """Bring the search index up to date with the rows; return how many rows it was behind."""
+        if self._wait is not None:
+            self._wait(None)
         with self._lock, self._translate():
             if self._pending() == 0:
                 return 0
@@ -235,6 +244,8 @@ class SQLiteProjection:
     @property
     def last_seq(self) -> int:
         """The seq of the last event applied (0 for an empty projection)."""
+        if self._wait is not None:
+            self._wait(None)
         with self._lock, self._translate():
             return self._checkpoint()[1]
 
@@ -311,6 +322,8 @@ class SQLiteProjection:
         )
 
     def _rows(self, sql: str, params: Any) -> list[dict[str, Any]]:
+        if self._wait is not None:
+            self._wait(None)
         with self._lock, self._translate():
             cursor = self._db.execute(sql, params)
             names = [d[0] for d in cursor.description]

@@ -84,6 +84,7 @@ def test_a_reader_holding_a_long_transaction_on_the_projection_does_not_block_lo
     db = tmp_path / "p.db"
     with SQLiteProjection(db) as projection, EventLog.open(tmp_path / "log", projections=[projection]) as log:
         log.flush("s", _turns(1))
+        assert log.sync_projections(timeout=30)  # a raw reader sees rows once the projector has applied them
         reader = sqlite3.connect(db)  # like Datasette or a UI: a read transaction left open
         try:
             reader.execute("BEGIN")

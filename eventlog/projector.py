@@ -1,0 +1,106 @@
+"""Keeping attached projections current on a thread of their own.
+
+A projection is derived data: the log is the source of truth, and a write is
+acknowledged once the log has committed it.  So :class:`Projector` applies new
+events to the attached projections *after* the write returns, on one background
+thread per log, and the agent's turn never waits for a transcript table or a
+search index.  While the caller's commit waits on its fsync, the projector's
+SQLite work runs on another core.
+
+Readers that need what they just wrote call :meth:`Projector.wait` (a projection
+that was given it through ``bind`` does so before each read), which returns once
+every write made before the call has been applied.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Protocol
+
+if TYPE_CHECKING:
+    from .log import EventLog
+
+logger = logging.getLogger("eventlog")
+
+
+class Projection(Protocol):
+    """What :meth:`EventLog.open` accepts in ``projections``.
+
+    ``catch_up(log)`` applies the log's events after the projection's checkpoint.
+    A projection may also define ``bind(wait)``: the log then hands it a callable
+    that blocks until every write made so far has been applied, for its readers.
+    """
+
+    def catch_up(self, log: EventLog) -> int: ...
+
+
+class Projector:
+    """Applies new events to ``projections`` on a daemon thread, after each write.
+
+    :meth:`poke` (called after every committed write, with the newest ``seq``) is
+    cheap and never blocks on SQLite.  A projection that fails is logged and tried
+    again on the next write; it never fails the write, which is already committed.
+    """
+
+    def __init__(self, log: EventLog, projections: Sequence[Projection]) -> None:
+        self._log = log
+        self._projections = list(projections)
+        self._cond = threading.Condition()
+        self._wanted = 0  # newest seq a write has asked for
+        self._done = 0  # every seq up to this one has been applied (or attempted)
+        self._stopping = False
+        self._thread = threading.Thread(target=self._run, name="eventlog-projector", daemon=True)
+        self._thread.start()
+
+    def poke(self, seq: int) -> None:
+        """Ask for everything up to ``seq`` to be applied."""
+        with self._cond:
+            if seq > self._wanted:
+                self._wanted = seq
+                self._cond.notify_all()
+
+    def wait(self, timeout: float | None = None) -> bool:
+        """Block until every write poked so far is applied; False on timeout.
+
+        Returns at once on the projector's own thread (a projection reading while it
+        catches up) and after :meth:`close`.
+        """
+        if threading.current_thread() is self._thread:
+            return True
+        with self._cond:
+            target = self._wanted
+            return self._cond.wait_for(lambda: self._done >= target or not self._thread.is_alive(), timeout)
+
+    def close(self) -> None:
+        """Apply what is still waiting, then stop the thread."""
+        with self._cond:
+            self._stopping = True
+            self._cond.notify_all()
+        if threading.current_thread() is not self._thread:
+            self._thread.join()
+
+    def _run(self) -> None:
+        while True:
+            with self._cond:
+                self._cond.wait_for(lambda: self._wanted > self._done or self._stopping)
+                if self._wanted <= self._done:
+                    return  # stopping, and nothing left
+                target = self._wanted
+            for projection in self._projections:
+                try:
+                    projection.catch_up(self._log)
+                except Exception:
+                    # The write is committed; the projection catches up on the next one.
+                    logger.exception("projection %r failed to catch up", projection)
+            with self._cond:
+                self._done = max(self._done, target)
+                self._cond.notify_all()
+
+
+def bind(projection: Projection, wait: Callable[[float | None], bool]) -> None:
+    """Give ``projection`` the log's wait, if it takes one."""
+    binder = getattr(projection, "bind", None)
+    if binder is not None:
+        binder(wait)

@@ -1,0 +1,128 @@
+"""Attached projections are kept current on a background thread, after the write returns."""
+
+from __future__ import annotations
+
+import sqlite3
+import threading
+from pathlib import Path
+
+import pytest
+
+from eventlog import EventLog
+from factories import assistant, user
+
+projections = pytest.importorskip("projections")
+SQLiteProjection = projections.SQLiteProjection
+
+
+class Gate:
+    """A projection whose catch-up blocks until released, recording what it saw."""
+
+    def __init__(self) -> None:
+        self.release = threading.Event()
+        self.entered = threading.Event()
+        self.seen: list[int] = []
+
+    def catch_up(self, log: EventLog) -> int:
+        if self.seen:  # the first call is the one at open
+            self.entered.set()
+            assert self.release.wait(30)
+        self.seen.append(log.last_seq)
+        return 0
+
+
+def raw_count(path: Path) -> int:
+    db = sqlite3.connect(path)
+    try:
+        return db.execute("SELECT count(*) FROM live_messages").fetchone()[0]
+    finally:
+        db.close()
+
+
+def test_a_write_returns_without_waiting_for_the_projection(tmp_path: Path) -> None:
+    gate = Gate()
+    with EventLog.open(tmp_path / "log", projections=[gate]) as log:
+        log.flush("s", [user("q"), assistant("a")])  # returns although the projection is blocked
+        assert gate.entered.wait(30)
+        assert not log.sync_projections(timeout=0.05)
+        gate.release.set()
+        assert log.sync_projections(timeout=30)
+        assert gate.seen[-1] == log.last_seq
+
+
+def test_inline_projection_is_current_when_the_write_returns(tmp_path: Path) -> None:
+    proj = SQLiteProjection(tmp_path / "p.db")
+    with EventLog.open(tmp_path / "log", projections=[proj], project_in_background=False) as log:
+        for n in range(5):
+            log.flush("s", [user(f"q{i}") for i in range(n + 1)])
+            assert raw_count(tmp_path / "p.db") == n + 1
+    proj.close()
+
+
+def test_reads_through_the_projection_see_the_writes_before_them(tmp_path: Path) -> None:
+    proj = SQLiteProjection(tmp_path / "p.db")
+    with EventLog.open(tmp_path / "log", projections=[proj]) as log:
+        messages = []
+        for n in range(30):
+            messages += [user(f"question {n}"), assistant(f"answer {n} zebra")]
+            log.flush("s", messages)
+            assert len(proj.messages("s")) == len(messages)
+            assert proj.last_seq == log.last_seq
+        assert len(proj.search("zebra", limit=100)) == 30
+        log.rewind("s", to=4)
+        assert [r["position"] for r in proj.messages("s")] == [0, 1, 2, 3]
+    proj.close()
+
+
+def test_sync_projections_then_raw_sqlite_and_close_drains(tmp_path: Path) -> None:
+    proj = SQLiteProjection(tmp_path / "p.db")
+    with EventLog.open(tmp_path / "log", projections=[proj]) as log:
+        log.flush("s", [user("q0"), user("q1")])
+        assert log.sync_projections(timeout=30)
+        assert raw_count(tmp_path / "p.db") == 2
+        for n in range(3, 50):
+            log.flush("s", [user(f"q{i}") for i in range(n)])
+    # close() applied everything still waiting
+    assert raw_count(tmp_path / "p.db") == 49
+    proj.close()
+
+
+def test_a_failing_projection_never_fails_the_write_and_catches_up_later(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    proj = SQLiteProjection(tmp_path / "p.db")
+    blocker = sqlite3.connect(tmp_path / "p.db", timeout=0)
+    with EventLog.open(tmp_path / "log", projections=[proj]) as log:
+        proj._db.execute("PRAGMA busy_timeout = 0")
+        blocker.execute("BEGIN EXCLUSIVE")  # the projection cannot write
+        result = log.flush("s", [user("q")])
+        assert result.appended == 1
+        assert log.sync_projections(timeout=30)
+        assert "failed to catch up" in caplog.text
+        blocker.rollback()
+        log.flush("s", [user("q"), assistant("a")])
+        assert [r["content"] for r in proj.messages("s")] == ["q", "a"]
+    blocker.close()
+    proj.close()
+
+
+def test_many_threads_writing_with_a_background_projection(tmp_path: Path) -> None:
+    proj = SQLiteProjection(tmp_path / "p.db")
+    with EventLog.open(tmp_path / "log", projections=[proj], durability="none") as log:
+        def writer(w: int) -> None:
+            messages = []
+            for n in range(20):
+                messages += [user(f"w{w} q{n}"), assistant(f"w{w} a{n}")]
+                log.flush(f"s{w}", messages)
+
+        threads = [threading.Thread(target=writer, args=(w,)) for w in range(4)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        for w in range(4):
+            assert len(proj.messages(f"s{w}")) == 40
+    rebuilt = SQLiteProjection(tmp_path / "r.db")
+    with EventLog.open(tmp_path / "log") as log:
+        rebuilt.rebuild(log)
+        assert rebuilt.messages("s3") == proj.messages("s3")
+    rebuilt.close()
+    proj.close()
