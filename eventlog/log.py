@@ -250,29 +250,36 @@ class EventLog:
         expected = _head_bytes(expected_head)
         if isinstance(messages, (str, bytes, Mapping)) or not isinstance(messages, Sequence):
             raise TypeError(f"messages must be a list of message dicts, not {type(messages).__name__}")
-        prepared = prepare(
-            messages,
-            self._cache.get(session_id),
-            ephemeral=self._ephemeral,
-            trust_identity=self._trust_identity,
-        )
-        notes = self._overrides(overrides, prepared)
-        store = self._store
-        # Most flushes change nothing (several exit paths flush the same list): decide
-        # that in a read transaction, with no write lock and no sync.
-        with store.read() as txn:
-            state = store.session(txn, session_id)
-            if state is not None and len(prepared.nodes) == state.length and (
-                state.length == 0 or prepared.nodes[-1] == state.head
-            ) and not self._writer.pending_notes(txn, state, notes, prepared):
-                self._cache.put(session_id, prepared)
-                return FlushResult(0, 0, state.length, _head_hex(state.length, state.head))
-            if state is None and not prepared.nodes:
-                return FlushResult(0, 0, 0, None)
+        # The cached entry is taken out while this flush extends it; a concurrent flush of
+        # the same session finds none and hashes its list afresh.
+        previous = self._cache.take(session_id)
+        try:
+            prepared = prepare(
+                messages, previous, ephemeral=self._ephemeral, trust_identity=self._trust_identity, owned=True
+            )
+        except BaseException:
+            if previous is not None:
+                self._cache.put(session_id, previous)
+            raise
+        # Whatever happens next, ``prepared`` is what this list hashes to: cache it.
+        try:
+            notes = self._overrides(overrides, prepared)
+            store = self._store
+            # Most flushes change nothing (several exit paths flush the same list): decide
+            # that in a read transaction, with no write lock and no sync.
+            with store.read() as txn:
+                state = store.session(txn, session_id)
+                if state is not None and len(prepared.nodes) == state.length and (
+                    state.length == 0 or prepared.nodes[-1] == state.head
+                ) and not self._writer.pending_notes(txn, state, notes, prepared):
+                    return FlushResult(0, 0, state.length, _head_hex(state.length, state.head))
+                if state is None and not prepared.nodes:
+                    return FlushResult(0, 0, 0, None)
 
-        store.reserve(sum(map(len, prepared.bodies[state.length if state else 0 :])) + 200 * len(prepared.bodies))
-        result = store.write(lambda txn: self._writer.flush(txn, session_id, prepared, notes, expected, replace))
-        self._cache.put(session_id, prepared)
+            store.reserve(sum(map(len, prepared.bodies[state.length if state else 0 :])) + 200 * len(prepared.bodies))
+            result = store.write(lambda txn: self._writer.flush(txn, session_id, prepared, notes, expected, replace))
+        finally:
+            self._cache.put(session_id, prepared)
         self._after_write()
         return result
 

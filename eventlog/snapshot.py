@@ -95,6 +95,14 @@ class SnapshotCache:
                 self._items.move_to_end(session_id)
             return found
 
+    def take(self, session_id: str) -> Prepared | None:
+        """Remove and return the session's entry: the caller owns it until it puts one back."""
+        with self._lock:
+            found = self._items.pop(session_id, None)
+            if found is not None:
+                self._size -= len(found.raw)
+            return found
+
     def put(self, session_id: str, prepared: Prepared) -> None:
         if len(prepared.raw) > self.max_messages:
             self.discard(session_id)
@@ -128,19 +136,33 @@ def prepare(
     ephemeral: Callable[[Any], bool] = is_ephemeral,
     trust_identity: bool = False,
     chain: bool = True,
+    owned: bool = False,
 ) -> Prepared:
     """Compute bodies, digests and nodes for ``messages``, reusing ``previous`` where it is safe.
 
     With ``chain=False`` node digests are left out (the caller chains the digests
-    onto a head it reads inside its transaction).
+    onto a head it reads inside its transaction).  ``owned=True`` says no other
+    thread can see ``previous`` (it was taken out of the cache): when ``messages``
+    only extends it, it is extended in place, so a growing session costs what its
+    new messages cost instead of a copy of every list.
 
     Raises :class:`~eventlog.errors.InvalidMessageError` for a message that is not
-    JSON-like; nothing is cached or written in that case.
+    JSON-like; nothing is cached or written in that case, and ``previous`` is as it was.
     """
     given = messages if type(messages) is list else list(messages)
     reuse = _reusable(given, previous, trust_identity)
-    if previous is not None and reuse == len(given) == len(previous.raw) and (chain or not previous.nodes):
-        return previous  # the very same messages, unchanged: nothing to compute or copy
+    if previous is not None and reuse == len(previous.raw) and (chain or not previous.nodes):
+        if reuse == len(given):
+            return previous  # the very same messages, unchanged: nothing to compute or copy
+        if owned:
+            sizes = [len(part) for part in _parts(previous)]
+            previous.raw.extend(given[reuse:])
+            try:
+                return _extend(previous, reuse, previous.nodes[-1] if previous.nodes else ZERO, ephemeral, trust_identity, chain)
+            except BaseException:
+                for part, size in zip(_parts(previous), sizes):
+                    del part[size:]
+                raise
     raw = list(given) if given is messages else given  # a snapshot: the caller's list will change
     out = Prepared([], [], [], [], raw, [], [])
     parent = ZERO
@@ -157,6 +179,25 @@ def prepare(
             out.copies = previous.copies[:reuse]
         if out.nodes:
             parent = out.nodes[-1]
+    return _extend(out, reuse, parent, ephemeral, trust_identity, chain, previous is not None)
+
+
+def _parts(prepared: Prepared) -> tuple[list[Any], ...]:
+    return (prepared.raw, prepared.kept, prepared.bodies, prepared.digests, prepared.nodes, prepared.fast, prepared.flags, prepared.copies)
+
+
+def _extend(
+    out: Prepared,
+    reuse: int,
+    parent: bytes,
+    ephemeral: Callable[[Any], bool],
+    trust_identity: bool,
+    chain: bool,
+    seen: bool = True,
+) -> Prepared:
+    """Compute ``out``'s results for ``out.raw[reuse:]`` after ``parent`` (``seen``: the
+    session was flushed before, so its new messages are copied for the next check)."""
+    raw = out.raw
     # The per-message loop of every flush: locals and inlined checks on purpose.
     encode, inspect, strip = codec.encode, codec.inspect, codec.strip
     default_rule = ephemeral is is_ephemeral
@@ -187,10 +228,10 @@ def prepare(
             parent = sha256(parent + digest).digest()
             nodes_out(parent)
     if not trust_identity:
-        if previous is None:
-            out.copies.extend([PENDING] * (len(raw) - len(out.copies)))
-        else:  # a session flushed again and again: copy the new messages now
+        if seen:  # a session flushed again and again: copy the new messages now
             out.copies.extend(map(copy_message, raw[len(out.copies):]))
+        else:
+            out.copies.extend([PENDING] * (len(raw) - len(out.copies)))
     return out
 
 

@@ -407,3 +407,17 @@ def test_in_place_flag_makes_a_stored_message_scaffolding(log):
     messages[1]["_thinking_prefill"] = True
     result = log.flush("s", messages)
     assert result.tombstoned == 2 and [m["content"] for m in log.messages("s")] == ["q", "q2"]
+
+
+@pytest.mark.parametrize("trust", [False, True])
+def test_a_refused_extension_leaves_the_cache_as_it_was(tmp_path, trust):
+    with EventLog.open(tmp_path / "l", trust_identity=trust) as log:
+        messages = [user("a"), assistant("b")]
+        log.flush("s", messages)
+        log.flush("s", messages + [user("c")])
+        with pytest.raises(InvalidMessageError):
+            log.flush("s", messages + [user("c"), assistant("d"), {"role": "user", "content": object()}])
+        result = log.flush("s", messages + [user("c"), user("e")])
+        assert (result.appended, result.unchanged) == (1, 3)
+        assert [m["content"] for m in log.messages("s")] == ["a", "b", "c", "e"]
+        assert log.verify().ok
