@@ -41,7 +41,9 @@ def all_systems() -> list[sy.System]:
         sy.EventLogSystem(projection="attached"),
         sy.EventLogSystem(durability="process", projection="attached"),
         sy.EventLogSystem(trust=True, projection="attached"),
+        sy.EventLogSystem(durability="process", trust=True, projection="attached"),
         sy.EventLogSystem(projection="search"),
+        sy.EventLogSystem(trust=True, projection="search"),
         sy.EventLogSystem(),
         sy.EventLogSystem(trust=True),
         sy.EventLogSystem(durability="process"),
@@ -53,6 +55,7 @@ def all_systems() -> list[sy.System]:
         sy.PlainSQLiteSystem(),
         sy.RawFsyncSystem(),
         sy.BareLMDBSystem("full"),
+        sy.BareLMDBSystem("process"),
     ]
 
 
