@@ -70,6 +70,11 @@ DURABILITY: Final = {
 }
 
 MIB = 1 << 20
+ZERO_MIN_STEP = 256 * 1024
+ZERO_STEP = 8 * MIB
+"""Zeroing steps: half the data file's size, between these bounds; a new step starts when less
+than a quarter of one is left."""
+_ZEROS = bytes(MIB)
 PAGE = 4096
 MARKER = "eventlog.id"
 """A file written beside the LMDB files once the log exists (its id in hex): with it, an empty
@@ -243,6 +248,9 @@ class Store:
         self._resizing = False
         self._closed = False
         self._tail = (0, bytes(32))  # last committed event seen by this process: (seq, hash)
+        # Synced commits write into space zeroed ahead of time (see _preallocate).
+        self._zero_fd = os.open(data, os.O_WRONLY | getattr(os, "O_CLOEXEC", 0)) if sync and not readonly else None
+        self._zeroed = 0  # the data file's size after our last zeroing
         self._pending_tail: tuple[int, bytes] | None = None  # written by the open write transaction
         try:
             self.log_id = self._init_meta() if not readonly else self._read_log_id()
@@ -258,6 +266,9 @@ class Store:
         with self._cond:
             self._closed = True
             self._cond.wait_for(lambda: self._active == 0)
+        if self._zero_fd is not None:
+            os.close(self._zero_fd)
+            self._zero_fd = None
         self.env.close()
 
     def _init_meta(self) -> bytes:
@@ -420,6 +431,8 @@ class Store:
                 grow_to = 0
                 if txn is not None:
                     try:
+                        if self._zero_fd is not None:
+                            self._preallocate()
                         self._run_group(txn, group)
                         txn.commit()
                     except _BodyFailed:
@@ -485,6 +498,42 @@ class Store:
                 child.abort()
                 request.error = e
                 self._pending_tail = before
+
+    def _preallocate(self) -> None:
+        """Keep zeroed, synced space after the last page of the data file (inside a write transaction).
+
+        LMDB extends ``data.mdb`` page by page as it grows, and on ext4 and most other
+        file systems a sync that also has to record new blocks and a new file size costs
+        a journal commit on top of the data write.  Writing into blocks that already
+        exist does not, so the file is kept ahead of LMDB in zeroed blocks, in steps of
+        half its size up to :data:`ZERO_STEP` (measured: a full-sync commit of ten
+        messages about 20% cheaper).  Only zeros are written, only past the end of the
+        file, and only while this process holds LMDB's writer lock, so no page in use
+        or being written is touched; the space is ordinary free space to LMDB.  A
+        failure (a full disk) is left for LMDB's own write to report.
+        """
+        fd = self._zero_fd
+        assert fd is not None
+        info = self.env.info()
+        used = (info["last_pgno"] + 1) * PAGE
+        # Steps grow with the file (a small log stays small), up to ZERO_STEP.
+        step = min(ZERO_STEP, max(ZERO_MIN_STEP, used // 2))
+        if self._zeroed - used >= step // 4:
+            return
+        size = os.fstat(fd).st_size  # another process may have zeroed or extended it
+        end = min(info["map_size"], max(size, used) + step)
+        if size - used >= step // 4 or end <= size:
+            self._zeroed = size
+            return
+        try:
+            offset = size
+            while offset < end:
+                offset += os.pwrite(fd, _ZEROS[: min(len(_ZEROS), end - offset)], offset)
+            os.fdatasync(fd)
+        except OSError:
+            self._zeroed = os.fstat(fd).st_size
+            return
+        self._zeroed = end
 
     def reserve(self, nbytes: int) -> None:
         """Grow the map ahead of a write of about ``nbytes``, so it need not be retried.

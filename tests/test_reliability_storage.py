@@ -316,7 +316,10 @@ def test_a_truncated_data_file_is_a_clear_error_not_a_crash(tmp_path: Path) -> N
         for i in range(150):
             log.flush("s", [{"role": "user", "content": f"m{j}"} for j in range(i + 1)])
     data = path / "data.mdb"
-    os.truncate(data, data.stat().st_size // 2)
+    env = lmdb.open(str(path), readonly=True, lock=False, max_dbs=8)
+    in_use = (env.info()["last_pgno"] + 1) * env.stat()["psize"]  # the file may be longer: zeroed ahead
+    env.close()
+    os.truncate(data, in_use // 2)
     code, outcome = _probe(path)
     assert code == 0, f"the reading process died with {code}"
     assert outcome.get("error") == "CorruptLogError"
@@ -422,3 +425,24 @@ def test_open_while_another_process_grows_the_map(tmp_path: Path, monkeypatch: p
     with EventLog.open(path) as log:
         monkeypatch.setattr(lmdb, "open", real_open)
         assert "grow" in log and len(log.messages("s")) == 1
+
+
+@pytest.mark.parametrize("durability", ["full", "process", "none"])
+def test_synced_commits_write_into_space_zeroed_ahead(tmp_path: Path, durability: str) -> None:
+    path = tmp_path / "log"
+    with EventLog.open(path, durability=durability) as log:
+        for i in range(300):
+            log.append("s", [{"role": "user", "content": f"{i} " + "x" * 700}])
+        info = log._store.env.info()
+        in_use = (info["last_pgno"] + 1) * log._store.env.stat()["psize"]
+    size = (path / "data.mdb").stat().st_size
+    if durability == "none":
+        assert size == in_use  # no syncs to save: nothing zeroed
+    else:
+        assert in_use < size <= info["map_size"]
+        with open(path / "data.mdb", "rb") as f:
+            f.seek(in_use)
+            assert not any(f.read())  # only zeros past the pages in use
+    with EventLog.open(path) as log:
+        assert len(log.messages("s")) == 300
+        assert log.verify().ok
