@@ -393,7 +393,9 @@ class EventLog:
         """
         check_session_id(session_id)
         store = self._store
-        with store.read() as txn:
+        # The live transcript is read from memoryviews of the map (each event is
+        # hashed and decoded in place, and no view outlives the transaction).
+        with store.read(buffers=as_of is None) as txn:
             state = self._writer.require(txn, session_id)
             if as_of is None:
                 with paused_gc(state.length):
