@@ -399,7 +399,9 @@ class EventLog:
             state = self._writer.require(txn, session_id)
             if as_of is None:
                 with paused_gc(state.length):
-                    out = BodyReader(store, txn).messages(store.locations(txn, state.number, state.length))
+                    reader = BodyReader(store, txn)
+                    found = reader.appended(state)
+                    out = found if found is not None else reader.messages(store.locations(txn, state.number, state.length))
             else:
                 occurrences, live = replay(store, txn, session_id, as_of)
                 reader = BodyReader(store, txn)

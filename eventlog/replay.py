@@ -1,7 +1,8 @@
 """Reading sessions back: live transcripts, point-in-time replay and the audit history.
 
-The live transcript is read straight from the ``chain`` index.  History and
-point-in-time replay walk a session's events (the ``timeline`` index) through a
+The live transcript of a session that only ever appended is read from its own
+events; any other session's straight from the ``chain`` index.  History and
+point-in-time replay walk a session's events (linked back through their envelopes) through a
 small state machine, so they depend on the events alone.
 """
 
@@ -15,7 +16,7 @@ from collections.abc import Iterable, Iterator
 from itertools import groupby
 from operator import itemgetter
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Final
 
 import lmdb
 import msgspec
@@ -86,7 +87,9 @@ class BodyReader:
     Before an event's bodies are used, the event is checked against its hash as
     recorded by the next event (or, for a session's newest event, by the session's
     state), and each message's content digest in the live chain against the event's
-    digest column: a damaged file gives :class:`CorruptLogError`, never a wrong message.
+    digest column (:meth:`messages`), or a session's appends against its state's
+    length and head (:meth:`appended`): a damaged event gives :class:`CorruptLogError`,
+    never a wrong message.
     """
 
     def __init__(self, store: Store, txn: lmdb.Transaction) -> None:
@@ -177,6 +180,78 @@ class BodyReader:
             return ev.bodies_decoder.decode(memoryview(raw)[HEADER.size :])
         except msgspec.DecodeError as e:
             raise CorruptLogError(f"{self.store.path}: event {seq} holds no readable message bodies ({e})") from e
+
+    def appended(self, state: SessionState) -> list[dict[str, Any]] | None:
+        """The live transcript of a session that only ever appended, read from its events alone.
+
+        Every event of the session is checked against its recorded hash, the appends
+        must follow on position by position, and their count and last node must equal
+        the session state's length and head.  ``None`` for a session that was forked,
+        had messages tombstoned or holds an event of another kind: its transcript is
+        read through the live chain (:meth:`messages`).
+        """
+        store, txn = self.store, self.txn
+        seqs: list[int] = []
+        seq = state.last_seq
+        while seq:
+            raw = store.raw_event(txn, seq)
+            if raw is None or len(raw) < HEADER.size:
+                raise CorruptLogError(f"{store.path}: event {seq} of session {state.number} is missing")
+            _, _, kind, number, before = HEADER.unpack_from(raw)
+            if number != state.number or before >= seq:
+                raise CorruptLogError(f"{store.path}: event {seq} is not linked to session {state.number}")
+            if kind not in _APPEND_ONLY:
+                return None
+            seqs.append(seq)
+            seq = before
+        out: list[dict[str, Any]] = []
+        head = b""
+        for seq in reversed(seqs):
+            raw = self._raw(seq)
+            kind = HEADER.unpack_from(raw)[2]
+            if kind == _OPENED:
+                try:
+                    opened = ev.decoder.decode(memoryview(raw)[HEADER.size :])
+                except msgspec.DecodeError as e:
+                    raise CorruptLogError(f"{store.path}: event {seq} cannot be decoded ({e})") from e
+                if not isinstance(opened, ev.SessionOpened):
+                    raise CorruptLogError(f"{store.path}: event {seq} is not the kind its envelope names")
+                if opened.source is not None:
+                    return None
+            elif kind == _APPENDED:
+                try:
+                    event = _appended_decoder.decode(memoryview(raw)[HEADER.size :])
+                except msgspec.DecodeError as e:
+                    raise CorruptLogError(f"{store.path}: event {seq} holds no readable message bodies ({e})") from e
+                bodies = event.bodies
+                if event.position != len(out) or len(event.nodes) != 32 * len(bodies):
+                    raise CorruptLogError(f"{store.path}: event {seq} does not follow on the session's messages")
+                if not bodies:
+                    continue
+                if set(map(type, bodies)) != {dict}:
+                    return None  # carried bodies: they are found through the live chain
+                out.extend(bodies)
+                head = event.nodes[-32:]
+        if len(out) != state.length or (out and head != state.head):
+            raise CorruptLogError(f"{store.path}: the events of session {state.number} disagree with its state")
+        return out
+
+
+class _Appended(msgspec.Struct, tag=ev.KIND[ev.MessagesAppended], tag_field="k"):
+    """A read-side view of :class:`~eventlog.events.MessagesAppended`: position, nodes, decoded bodies."""
+
+    position: int
+    nodes: bytes
+    bodies: list[Any]
+
+
+_appended_decoder = msgspec.msgpack.Decoder(_Appended)
+_OPENED: Final = ev.KIND[ev.SessionOpened]
+_APPENDED: Final = ev.KIND[ev.MessagesAppended]
+_APPEND_ONLY: Final = frozenset(
+    {_OPENED, _APPENDED, ev.KIND[ev.SessionClosed], ev.KIND[ev.SessionUpdated], ev.KIND[ev.MessageAnnotated]}
+)
+"""Event kinds that leave a session's live messages exactly the ones it appended."""
 
 
 def session_events(store: Store, txn: lmdb.Transaction, state: SessionState, upto: int | None = None) -> list[int]:

@@ -1,8 +1,10 @@
 """The live read's integrity checks, on sessions that span several events.
 
-``messages()`` reads every event that holds a live body once, checks it against the
-hash the log recorded for it, and takes runs of bodies as slices: these tests damage
-each part of that path and expect :class:`CorruptLogError`, never a wrong message.
+``messages()`` reads a session that only ever appended from its own events, and any
+other session through the live chain; both read every event that holds a live body
+once, check it against the hash the log recorded for it, and take runs of bodies as
+slices.  These tests damage each part of both paths and expect
+:class:`CorruptLogError`, never a wrong message.
 """
 
 from __future__ import annotations
@@ -16,7 +18,7 @@ import pytest
 
 from eventlog import CorruptLogError, EventLog
 from eventlog.replay import paused_gc
-from eventlog.store import LINK, SEQ, chain_key
+from eventlog.store import LINK, SEQ, STATE, chain_key, state_key
 
 
 def _raw_env(path: Path) -> lmdb.Environment:
@@ -27,17 +29,40 @@ def _message(i: int) -> dict[str, object]:
     return {"role": "user" if i % 2 else "assistant", "content": f"message {i} " + "x" * (i % 7)}
 
 
-def _multi_event_log(path: Path) -> list[dict[str, object]]:
-    """Session ``s`` stored over several events, with an edit so that some bodies are carried."""
+def _multi_event_log(path: Path, *, edit: bool) -> list[dict[str, object]]:
+    """Session ``s`` stored over several events; with ``edit``, some of its bodies are carried."""
     messages = [_message(i) for i in range(30)]
     with EventLog.open(path) as log:
-        for end in (8, 16, 24, 30):
-            log.append("s", messages[end - 8 if end != 30 else 24 : end])
+        for start, end in ((0, 8), (8, 16), (16, 24)):
+            log.append("s", messages[start:end])
         log.flush("other", [_message(100)])
-        edited = [*messages[:10], {"role": "user", "content": "edited"}, *messages[11:]]
-        log.flush("s", edited)  # positions 11.. are carried: their bodies stay in the older events
-        assert log.messages("s") == edited
-        return edited
+        log.update_session("s", title="t")
+        log.append("s", messages[24:])
+        if edit:
+            messages = [*messages[:10], {"role": "user", "content": "edited"}, *messages[11:]]
+            log.flush("s", messages)  # positions 11.. are carried: their bodies stay in the older events
+        assert log.messages("s") == messages
+        return messages
+
+
+def _session_number(path: Path, session_id: str) -> int:
+    env = _raw_env(path)
+    try:
+        with env.begin() as txn:
+            return SEQ.unpack(txn.get(session_id.encode(), db=env.open_db(b"sessions", txn=txn)))[0]
+    finally:
+        env.close()
+
+
+def _get(path: Path, db: bytes, key: bytes) -> bytes:
+    env = _raw_env(path)
+    try:
+        with env.begin() as txn:
+            value = txn.get(key, db=env.open_db(db, txn=txn))
+            assert value is not None
+            return value
+    finally:
+        env.close()
 
 
 def _events(path: Path) -> list[tuple[bytes, bytes]]:
@@ -58,10 +83,14 @@ def _put(path: Path, db: bytes, key: bytes, value: bytes) -> None:
         env.close()
 
 
-def test_a_changed_byte_in_any_event_never_gives_a_wrong_transcript(tmp_path: Path) -> None:
+@pytest.mark.parametrize("edit", [False, True], ids=["appended-only", "edited"])
+def test_a_changed_byte_in_any_event_never_gives_a_wrong_transcript(tmp_path: Path, edit: bool) -> None:
     path = tmp_path / "log"
-    expected = _multi_event_log(path)
+    expected = _multi_event_log(path, edit=edit)
     with EventLog.open(path) as log:
+        # Events holding a live body must be found damaged; damage elsewhere may also
+        # be found, or (an envelope whose kind no longer reads as append-only, say)
+        # send the read through the live chain, which gives the true transcript.
         live = {occ.source[0] for occ in log.history("s") if occ.tombstone is None}
     assert len(live) >= 4  # bodies come from several events
     original = _events(path)
@@ -87,6 +116,38 @@ def test_a_changed_byte_in_any_event_never_gives_a_wrong_transcript(tmp_path: Pa
                 _put(path, b"events", key, value)
     with EventLog.open(path) as log:
         assert log.messages("s") == expected
+
+
+@pytest.mark.parametrize("field", ["length", "head", "last_seq"])
+def test_an_append_only_session_whose_state_disagrees_with_its_events_is_a_corrupt_log_error(tmp_path: Path, field: str) -> None:
+    path = tmp_path / "log"
+    _multi_event_log(path, edit=False)
+    number = _session_number(path, "s")
+    length, head, last_seq, last_hash, closed = STATE.unpack(_get(path, b"index", state_key(number)))
+    with EventLog.open(path) as log:
+        appends = [r.seq for r in log.events() if r.event.session == "s" and type(r.event).__name__ == "MessagesAppended"]
+    assert last_seq == appends[-1]
+    if field == "length":
+        length -= 1
+    elif field == "head":
+        head = bytes([head[0] ^ 1]) + head[1:]
+    else:  # the state names an earlier event of the session as its last
+        last_seq = appends[-2]
+    _put(path, b"index", state_key(number), STATE.pack(length, head, last_seq, last_hash, closed))
+    with EventLog.open(path) as log:
+        with pytest.raises(CorruptLogError):
+            log.messages("s")
+
+
+def test_an_append_only_session_is_read_from_its_events_whatever_its_live_chain_says(tmp_path: Path) -> None:
+    path = tmp_path / "log"
+    expected = _multi_event_log(path, edit=False)
+    number = _session_number(path, "s")
+    node, digest, seq, index = LINK.unpack(_get(path, b"index", chain_key(number, 5)))
+    _put(path, b"index", chain_key(number, 5), LINK.pack(node, digest, seq, index + 1))
+    with EventLog.open(path) as log:
+        assert log.messages("s") == expected
+        assert not log.verify().ok  # the damaged index is verify's to find
 
 
 def test_a_chain_entry_moved_to_a_carried_slot_is_a_corrupt_log_error(tmp_path: Path) -> None:
