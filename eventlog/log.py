@@ -423,11 +423,15 @@ class EventLog:
         """
         check_session_id(session_id)
         store = self._store
-        with store.read() as txn:
+        # The live transcript is read from memoryviews of the map (each event is
+        # hashed and decoded in place, and no view outlives the transaction).
+        with store.read(buffers=as_of is None) as txn:
             state = self._writer.require(txn, session_id)
             if as_of is None:
                 with paused_gc(state.length):
-                    out = BodyReader(store, txn).messages(store.locations(txn, state.number, state.length))
+                    reader = BodyReader(store, txn)
+                    found = reader.appended(state)
+                    out = found if found is not None else reader.messages(store.locations(txn, state.number, state.length))
             else:
                 occurrences, live = replay(store, txn, session_id, as_of)
                 reader = BodyReader(store, txn)

@@ -1,7 +1,8 @@
 """Reading sessions back: live transcripts, point-in-time replay and the audit history.
 
-The live transcript is read straight from the ``chain`` index.  History and
-point-in-time replay walk a session's events (the ``timeline`` index) through a
+The live transcript of a session that only ever appended is read from its own
+events; any other session's straight from the ``chain`` index.  History and
+point-in-time replay walk a session's events (linked back through their envelopes) through a
 small state machine, so they depend on the events alone.
 """
 
@@ -9,19 +10,20 @@ from __future__ import annotations
 
 import copy
 import gc
+from hashlib import sha256
 from contextlib import contextmanager
 from collections.abc import Iterable, Iterator
 from itertools import groupby
 from operator import itemgetter
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Final
 
 import lmdb
 import msgspec
 
 from . import events as ev
 from .errors import CorruptLogError
-from .store import HEADER, SessionState, Store, event_hash, state_key
+from .store import HEADER, SEQ, SessionState, Store, state_key
 
 
 @dataclass(frozen=True, slots=True)
@@ -60,6 +62,11 @@ def paused_gc(count: int, threshold: int = 1000) -> Iterator[None]:
     Decoding a long transcript creates hundreds of thousands of containers, and the
     collector would traverse them again and again (measured: half the time of a
     100,000-message replay); the decoded messages hold no reference cycles.
+
+    Afterwards the objects created meanwhile are moved to the oldest generation
+    without being traversed (``gc.freeze()`` then ``gc.unfreeze()``, skipped when
+    the process keeps objects frozen itself): otherwise the first collection after
+    the pause would walk every one of them once more.
     """
     if count < threshold or not gc.isenabled():
         yield
@@ -68,6 +75,9 @@ def paused_gc(count: int, threshold: int = 1000) -> Iterator[None]:
     try:
         yield
     finally:
+        if not gc.get_freeze_count():
+            gc.freeze()
+            gc.unfreeze()
         gc.enable()
 
 
@@ -77,26 +87,36 @@ class BodyReader:
     Before an event's bodies are used, the event is checked against its hash as
     recorded by the next event (or, for a session's newest event, by the session's
     state), and each message's content digest in the live chain against the event's
-    digest column: a damaged file gives :class:`CorruptLogError`, never a wrong message.
+    digest column (:meth:`messages`), or a session's appends against its state's
+    length and head (:meth:`appended`): a damaged event gives :class:`CorruptLogError`,
+    never a wrong message.
     """
 
     def __init__(self, store: Store, txn: lmdb.Transaction) -> None:
         self.store = store
         self.txn = txn
+        self._ahead: tuple[int, bytes | None] = (0, None)
 
     def messages(self, locations: Iterable[tuple[bytes, int, int]]) -> list[dict[str, Any]]:
         """The messages stored at ``(digest, seq, index)`` locations, each a fresh dict."""
+        runs = [(seq, list(run)) for seq, run in groupby(locations, key=itemgetter(1))]
+        seqs = sorted({seq for seq, _ in runs})
         decoded: dict[int, ev.AppendedBodies] = {}
+        plain: set[int] = set()  # events whose bodies are all messages (no carried slot)
+        for seq in seqs:
+            event = decoded[seq] = self._bodies(seq)
+            # Checked right after decoding, while the event's messages are in the cache.
+            if set(map(type, event.bodies)) == {dict}:
+                plain.add(seq)
         out: list[dict[str, Any]] = []
         # Consecutive positions mostly sit at consecutive indexes of one event: take
         # those runs as slices of the event's decoded bodies, and check their digests
-        # with one comparison.
-        for seq, run in groupby(locations, key=itemgetter(1)):
-            event = decoded.get(seq)
-            if event is None:
-                event = decoded[seq] = self._bodies(seq)
+        # with one comparison.  A body can only be handed out twice when an event
+        # appears in two runs or a run is not a plain slice.
+        shared = len(seqs) != len(runs)
+        for seq, entries in runs:
+            event = decoded[seq]
             bodies, digests = event.bodies, event.digests
-            entries = list(run)
             first, last = entries[0][2], entries[-1][2]
             wanted = b"".join([entry[0] for entry in entries])
             if last - first == len(entries) - 1 and 0 <= first and last < len(bodies) and (
@@ -105,6 +125,7 @@ class BodyReader:
                 chunk = bodies[first : last + 1]
                 stored = digests[32 * first : 32 * last + 32]
             else:
+                shared = True
                 try:
                     chunk = [bodies[entry[2]] for entry in entries]
                 except IndexError:
@@ -112,10 +133,10 @@ class BodyReader:
                 stored = b"".join([digests[32 * entry[2] : 32 * entry[2] + 32] for entry in entries])
             if stored != wanted:
                 raise CorruptLogError(f"{self.store.path}: the live chain and event {seq} disagree on a message's digest")
+            if seq not in plain and set(map(type, chunk)) != {dict}:
+                raise CorruptLogError(f"{self.store.path}: a live message refers to a reference, not a body")
             out.extend(chunk)
-        if not all(type(message) is dict for message in out):
-            raise CorruptLogError(f"{self.store.path}: a live message refers to a reference, not a body")
-        if len(set(map(id, out))) != len(out):
+        if shared and len(set(map(id, out))) != len(out):
             # The same stored body at two positions: hand out two dicts.
             seen: set[int] = set()
             for i, message in enumerate(out):
@@ -124,20 +145,31 @@ class BodyReader:
                 seen.add(id(message))
         return out
 
+    def _get(self, seq: int) -> bytes | None:
+        ahead_seq, ahead = self._ahead
+        if ahead_seq == seq:
+            self._ahead = (0, None)
+            return ahead
+        return self.store.raw_event(self.txn, seq)
+
     def _raw(self, seq: int) -> bytes:
         """The stored bytes of event ``seq``, checked against the hash the log recorded for it."""
         store, txn = self.store, self.txn
-        raw = store.raw_event(txn, seq)
+        raw = self._get(seq)
         if raw is None or len(raw) < HEADER.size:
             raise CorruptLogError(f"{store.path}: event {seq} holding a message body is missing")
-        following = store.raw_event(txn, seq + 1)
+        following = self._get(seq + 1)
         if following is not None:
-            recorded = following[:32]
+            recorded = bytes(following[:32])
+            # Bodies are read in seq order: the next event is often read next.
+            self._ahead = (seq + 1, following)
         else:
             number = HEADER.unpack_from(raw)[3]
             state = txn.get(state_key(number), db=store.index)
             recorded = SessionState.unpack(number, state).last_hash if state is not None else b""
-        if event_hash(seq, raw) != recorded:
+        digest = sha256(SEQ.pack(seq))
+        digest.update(raw)  # event_hash(seq, raw), without copying the event
+        if digest.digest() != recorded:
             raise CorruptLogError(f"{store.path}: event {seq} does not match its recorded hash; the log is damaged (run verify)")
         return raw
 
@@ -148,6 +180,78 @@ class BodyReader:
             return ev.bodies_decoder.decode(memoryview(raw)[HEADER.size :])
         except msgspec.DecodeError as e:
             raise CorruptLogError(f"{self.store.path}: event {seq} holds no readable message bodies ({e})") from e
+
+    def appended(self, state: SessionState) -> list[dict[str, Any]] | None:
+        """The live transcript of a session that only ever appended, read from its events alone.
+
+        Every event of the session is checked against its recorded hash, the appends
+        must follow on position by position, and their count and last node must equal
+        the session state's length and head.  ``None`` for a session that was forked,
+        had messages tombstoned or holds an event of another kind: its transcript is
+        read through the live chain (:meth:`messages`).
+        """
+        store, txn = self.store, self.txn
+        seqs: list[int] = []
+        seq = state.last_seq
+        while seq:
+            raw = store.raw_event(txn, seq)
+            if raw is None or len(raw) < HEADER.size:
+                raise CorruptLogError(f"{store.path}: event {seq} of session {state.number} is missing")
+            _, _, kind, number, before = HEADER.unpack_from(raw)
+            if number != state.number or before >= seq:
+                raise CorruptLogError(f"{store.path}: event {seq} is not linked to session {state.number}")
+            if kind not in _APPEND_ONLY:
+                return None
+            seqs.append(seq)
+            seq = before
+        out: list[dict[str, Any]] = []
+        head = b""
+        for seq in reversed(seqs):
+            raw = self._raw(seq)
+            kind = HEADER.unpack_from(raw)[2]
+            if kind == _OPENED:
+                try:
+                    opened = ev.decoder.decode(memoryview(raw)[HEADER.size :])
+                except msgspec.DecodeError as e:
+                    raise CorruptLogError(f"{store.path}: event {seq} cannot be decoded ({e})") from e
+                if not isinstance(opened, ev.SessionOpened):
+                    raise CorruptLogError(f"{store.path}: event {seq} is not the kind its envelope names")
+                if opened.source is not None:
+                    return None
+            elif kind == _APPENDED:
+                try:
+                    event = _appended_decoder.decode(memoryview(raw)[HEADER.size :])
+                except msgspec.DecodeError as e:
+                    raise CorruptLogError(f"{store.path}: event {seq} holds no readable message bodies ({e})") from e
+                bodies = event.bodies
+                if event.position != len(out) or len(event.nodes) != 32 * len(bodies):
+                    raise CorruptLogError(f"{store.path}: event {seq} does not follow on the session's messages")
+                if not bodies:
+                    continue
+                if set(map(type, bodies)) != {dict}:
+                    return None  # carried bodies: they are found through the live chain
+                out.extend(bodies)
+                head = event.nodes[-32:]
+        if len(out) != state.length or (out and head != state.head):
+            raise CorruptLogError(f"{store.path}: the events of session {state.number} disagree with its state")
+        return out
+
+
+class _Appended(msgspec.Struct, tag=ev.KIND[ev.MessagesAppended], tag_field="k"):
+    """A read-side view of :class:`~eventlog.events.MessagesAppended`: position, nodes, decoded bodies."""
+
+    position: int
+    nodes: bytes
+    bodies: list[Any]
+
+
+_appended_decoder = msgspec.msgpack.Decoder(_Appended)
+_OPENED: Final = ev.KIND[ev.SessionOpened]
+_APPENDED: Final = ev.KIND[ev.MessagesAppended]
+_APPEND_ONLY: Final = frozenset(
+    {_OPENED, _APPENDED, ev.KIND[ev.SessionClosed], ev.KIND[ev.SessionUpdated], ev.KIND[ev.MessageAnnotated]}
+)
+"""Event kinds that leave a session's live messages exactly the ones it appended."""
 
 
 def session_events(store: Store, txn: lmdb.Transaction, state: SessionState, upto: int | None = None) -> list[int]:

@@ -345,13 +345,17 @@ class Store:
                 self._cond.notify_all()
 
     @contextmanager
-    def read(self) -> Iterator[lmdb.Transaction]:
-        """A read-only snapshot transaction."""
+    def read(self, *, buffers: bool = False) -> Iterator[lmdb.Transaction]:
+        """A read-only snapshot transaction.
+
+        With ``buffers``, values are read as memoryviews of the map rather than
+        copied: nothing that refers to one may outlive the transaction.
+        """
         self._check_identity()
         while True:
             with self._slot():
                 try:
-                    txn = self.env.begin(write=False)
+                    txn = self.env.begin(write=False, buffers=buffers)
                 except lmdb.MapResizedError:
                     txn = None
                 except lmdb.Error as e:
