@@ -86,3 +86,29 @@ def test_map_grows_in_one_process_while_another_writes(tmp_path: Path):
     with EventLog.open(path) as log:
         assert log.verify().ok
         assert log.info()["map_size"] > 1 << 20
+
+
+def _flush_list(path: str, n: int) -> None:
+    with EventLog.open(path) as log:
+        log.flush("s", conversation(n))
+
+
+def test_a_grown_list_another_process_already_stored_writes_nothing(tmp_path: Path):
+    path = str(tmp_path / "l")
+    ctx = multiprocessing.get_context("spawn")
+    with EventLog.open(path) as log:
+        log.flush("s", conversation(2))  # this process now knows the session at 2 messages
+        other = ctx.Process(target=_flush_list, args=(path, 5))
+        other.start()
+        other.join(60)
+        assert other.exitcode == 0
+        seq, commits = log.last_seq, log._store.commits
+        result = log.flush("s", conversation(5))  # grew since this process's last flush
+        assert (result.appended, result.tombstoned, result.unchanged) == (0, 0, 5)
+        assert log.last_seq == seq  # no event written
+        result = log.flush("s", conversation(6))
+        assert (result.appended, result.unchanged) == (1, 5)
+        assert log._store.commits == commits + 2
+        assert log.messages("s") == conversation(6)
+        assert stored_bodies(log) == 6
+        assert log.verify().ok
