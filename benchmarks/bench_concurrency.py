@@ -57,12 +57,12 @@ def _process_writer(path: str, writer: int, turns: int, barrier: Any, out: Any) 
         out.put((writer, _write(log, writer, plan, barrier)))
 
 
-def _threads(path: Path, count: int, turns: int) -> tuple[int, list[int]]:
+def _threads(path: Path, count: int, turns: int, trust: bool = False) -> tuple[int, list[int]]:
     plans = [_turns(w, turns) for w in range(count)]
     barrier = threading.Barrier(count)
     results: list[tuple[int, int, list[int]] | None] = [None] * count
     errors: list[BaseException] = []
-    with EventLog.open(path) as log, quiet_gc():
+    with EventLog.open(path, trust_identity=trust) as log, quiet_gc():
         def body(w: int) -> None:
             try:
                 results[w] = _write(log, w, plans[w], barrier)
@@ -105,20 +105,25 @@ def run(*, quick: bool = False, scratch_dir: Path | None = None, turns: int | No
     turns = turns or (10 if quick else 100)
     rows: list[dict[str, Any]] = []
     with scratch(scratch_dir, "concurrency-") as root:
-        cases = [("threads", n) for n in threads] + [("processes", n) for n in processes]
-        for kind, n in cases:
-            path = root / f"{kind}-{n}"
-            wall, samples = (_threads if kind == "threads" else _processes)(path, n, turns)
+        cases = [("threads", n, False) for n in threads] + [("processes", n, False) for n in processes]
+        cases += [("threads", n, True) for n in threads if n in (1, max(threads))]
+        for kind, n, trust in cases:
+            path = root / f"{kind}-{n}{'-trust' if trust else ''}"
+            if kind == "threads":
+                wall, samples = _threads(path, n, turns, trust)
+            else:
+                wall, samples = _processes(path, n, turns)
             with EventLog.open(path) as log:
                 stored = sum(len(log.messages(f"writer-{w}")) for w in range(n))
             assert stored == n * turns * MESSAGES_PER_TURN, f"{kind}={n}: {stored} messages stored"
-            row = {"system": f"{n} {kind[:-1] if n == 1 else kind}", "writers": n, "kind": kind, "durability": "full"}
+            name = f"{n} {kind[:-1] if n == 1 else kind}" + (", trust mode" if trust else "")
+            row = {"system": name, "writers": n, "kind": kind, "trust": trust, "durability": "full"}
             row.update(summary(samples, MESSAGES_PER_TURN))
             row["aggregate_msgs_per_s"] = stored / (wall / 1e9)
             row["wall_s"] = wall / 1e9
             rows.append(row)
-    single = next((r for r in rows if r["writers"] == 1), None)
     for row in rows:
+        single = next((r for r in rows if r["writers"] == 1 and r["trust"] == row["trust"]), None)
         row["x_single"] = row["aggregate_msgs_per_s"] / single["aggregate_msgs_per_s"] if single else None
     return {"scenario": "concurrent writers", "turns_per_writer": turns, "rows": rows}
 
@@ -136,7 +141,8 @@ COLUMNS = [
 def render(result: dict[str, Any]) -> str:
     return "\n".join(
         [
-            f"Writers flushing their own sessions, {result['turns_per_writer']} turns of 10 messages each, durability full",
+            f"Writers flushing their own sessions, {result['turns_per_writer']} turns of 10 messages each, durability full "
+            "(ratio: to one writer in the same mode)",
             "",
             table(result["rows"], COLUMNS),
         ]

@@ -91,7 +91,9 @@ def test_bulk_scenario(tmp_path: Path) -> None:
 def test_concurrency_scenario(tmp_path: Path) -> None:
     result = bench_concurrency.run(scratch_dir=tmp_path, turns=2, threads=(1, 2), processes=(2,))
     _check_rows(result["rows"])
-    assert [row["system"] for row in result["rows"]] == ["1 thread", "2 threads", "2 processes"]
+    assert [row["system"] for row in result["rows"]] == [
+        "1 thread", "2 threads", "2 processes", "1 thread, trust mode", "2 threads, trust mode"
+    ]
     print(bench_concurrency.render(result))
 
 
