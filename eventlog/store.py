@@ -237,7 +237,7 @@ class Store:
         self._identity = _file_identity(data)
         # In-process coordination: one writer at a time, and no transaction open
         # while the map is resized (LMDB requires that of set_mapsize).
-        self._group = threading.Condition()  # guards the queue and the leader flag
+        self._group = threading.Lock()  # guards the queue and the leader flag
         self._queue: list[_Request] = []
         self._leading = False  # a thread is committing a group
         self.max_group = 64
@@ -387,29 +387,30 @@ class Store:
         request = _Request(body)
         with self._group:
             self._queue.append(request)
-            while not request.done and self._leading:
-                self._group.wait()  # a leader is committing: it or the next one takes this request
-            lead = not request.done
-            if lead:
-                self._leading = True
-        if lead:
+            lead = not self._leading
+            self._leading = True
+        if not lead:
+            # Woken once: either a leader committed this write, or handed over the lead.
+            request.wake.acquire()
+        if not request.done:
+            group: list[_Request] = []
             try:
-                while True:
+                while not request.done:
                     with self._group:
                         group = self._queue[: self.max_group]
                         del self._queue[: self.max_group]
-                    self._commit_group(group)
-                    with self._group:
-                        self._group.notify_all()  # wake the callers this commit acknowledged
-                        if request.done:
-                            break
+                    try:
+                        self._commit_group(group)
+                    finally:
+                        for other in group:
+                            if other is not request:
+                                other.wake.release()  # wake exactly the callers this commit acknowledged
             finally:
                 with self._group:
-                    self._leading = False
-                    for waiting in self._queue:
-                        if not waiting.done:
-                            self._group.notify_all()  # one of them leads the next group
-                            break
+                    if self._queue:
+                        self._queue[0].wake.release()  # the next caller in line leads the next group
+                    else:
+                        self._leading = False
         if request.error is not None:
             raise request.error
         return request.result  # type: ignore[return-value]
@@ -654,13 +655,15 @@ class Store:
 class _Request:
     """A write waiting for (or done by) a group commit."""
 
-    __slots__ = ("body", "done", "result", "error")
+    __slots__ = ("body", "done", "result", "error", "wake")
 
     def __init__(self, body: Callable[[lmdb.Transaction], object]) -> None:
         self.body = body
         self.done = False
         self.result: object = None
         self.error: BaseException | None = None
+        self.wake = threading.Lock()  # released once, to wake the waiting caller
+        self.wake.acquire()
 
 
 class _BodyFailed(Exception):
