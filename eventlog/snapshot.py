@@ -150,7 +150,7 @@ def prepare(
     JSON-like; nothing is cached or written in that case, and ``previous`` is as it was.
     """
     given = messages if type(messages) is list else list(messages)
-    reuse = _reusable(given, previous, trust_identity)
+    reuse = _reusable(given, previous, trust_identity, owned)
     if previous is not None and reuse == len(previous.raw) and (chain or not previous.nodes):
         if reuse == len(given):
             return previous  # the very same messages, unchanged: nothing to compute or copy
@@ -316,16 +316,28 @@ def _copy(value: Any, depth: int) -> Any:
     raise _Uncopyable
 
 
-def _reusable(raw: list[Any], previous: Prepared | None, trust_identity: bool) -> int:
+def _reusable(raw: list[Any], previous: Prepared | None, trust_identity: bool, owned: bool = False) -> int:
     """How many leading messages of ``raw`` can reuse ``previous``'s results unchanged."""
     if previous is None or not previous.raw:
         return 0
     same = min(len(raw), len(previous.raw))
     if trust_identity:
-        # The same objects (or ones equal to them): list equality compares pointers first, in C.
+        # The same objects (or ones equal to them): list equality compares pointers first, in C,
+        # without touching the objects.  A grown list is compared with the cached one grown by
+        # its new items for the moment (slicing the caller's list would touch every message).
         old = previous.raw
-        if same == len(old) and (old == raw if same == len(raw) else old == raw[:same]):
-            return same
+        if same == len(old):
+            if same == len(raw):
+                if old == raw:
+                    return same
+            elif owned:
+                old.extend(raw[same:])
+                equal = old == raw
+                del old[same:]
+                if equal:
+                    return same
+            elif old == raw[:same]:
+                return same
         return _first_unequal(old, raw, 0, same)
     # A dict may have been edited in place, or replaced by a fresh one: compare with the copies.
     copies, fast, encode = previous.copies, previous.fast, codec.encode
