@@ -341,6 +341,16 @@ def _reusable(raw: list[Any], previous: Prepared | None, trust_identity: bool, o
         return _first_unequal(old, raw, 0, same)
     # A dict may have been edited in place, or replaced by a fresh one: compare with the copies.
     copies, fast, encode = previous.copies, previous.fast, codec.encode
+    if same == len(copies):
+        if same == len(raw):
+            if copies == raw:
+                return same
+        elif owned:  # as above: the new items compare with themselves, by pointer
+            copies.extend(raw[same:])
+            equal = copies == raw
+            del copies[same:]
+            if equal:
+                return same
     start = 0
     while (start := _first_unequal(copies, raw, start, same)) < same:
         copy = copies[start]
