@@ -121,7 +121,8 @@ class EventLog:
         commit), ``"none"`` (no fsync: survives a process crash, not an OS crash;
         for bulk imports).  ``ephemeral`` replaces the scaffolding rule.
         ``trust_identity`` promises that flushed message dicts are never mutated in
-        place, so unchanged objects are not re-encoded.  The map starts at
+        place: a message that is the same object as last time, or a dict equal to it by
+        ``==``, is taken as unchanged without looking inside (docs/integration.md).  The map starts at
         ``map_size`` bytes and grows by itself up to ``max_map_size``.  Each
         projection is caught up now, and after every write: on a background thread
         (``project_in_background``, the default), so a write returns once the log has
@@ -155,11 +156,13 @@ class EventLog:
         self._store.close()
 
     def sync_projections(self, timeout: float | None = None) -> bool:
-        """Wait until the attached projections hold every write made so far; False on timeout.
+        """Wait until the attached projections hold every write made so far.
 
-        Only needed by readers that query a projection's database directly (with
-        ``sqlite3``, another process): the projection's own read methods wait by
-        themselves.  Returns True at once when projecting inside the writes.
+        Returns False on timeout, or when a projection's last catch-up failed (the error is
+        logged, and the catch-up is tried again after the next write).  Only needed by
+        readers that query a projection's database directly (with ``sqlite3``, another
+        process): the projection's own read methods wait by themselves.  Returns True at
+        once when projecting inside the writes.
         """
         if self._projector is None:
             return True

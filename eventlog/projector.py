@@ -50,7 +50,9 @@ class Projector:
         self._cond = threading.Condition()
         self._wanted = 0  # newest seq a write has asked for
         self._done = 0  # every seq up to this one has been applied (or attempted)
+        self._failed = False  # the last catch-up of some projection raised
         self._stopping = False
+        self._stopped = False
         self._thread = threading.Thread(target=self._run, name="eventlog-projector", daemon=True)
         self._thread.start()
 
@@ -62,16 +64,19 @@ class Projector:
                 self._cond.notify_all()
 
     def wait(self, timeout: float | None = None) -> bool:
-        """Block until every write poked so far is applied; False on timeout.
+        """Block until every write poked so far has been applied.
 
-        Returns at once on the projector's own thread (a projection reading while it
-        catches up) and after :meth:`close`.
+        False on timeout, or when the last catch-up of a projection failed (it was logged,
+        and is retried after the next write).  Returns at once on the projector's own
+        thread (a projection reading while it catches up) and once the thread has stopped.
         """
         if threading.current_thread() is self._thread:
             return True
         with self._cond:
             target = self._wanted
-            return self._cond.wait_for(lambda: self._done >= target or not self._thread.is_alive(), timeout)
+            if not self._cond.wait_for(lambda: self._done >= target or self._stopped, timeout):
+                return False
+            return self._done >= target and not self._failed
 
     def close(self) -> None:
         """Apply what is still waiting, then stop the thread."""
@@ -82,20 +87,28 @@ class Projector:
             self._thread.join()
 
     def _run(self) -> None:
-        while True:
+        try:
+            while True:
+                with self._cond:
+                    self._cond.wait_for(lambda: self._wanted > self._done or self._stopping)
+                    if self._wanted <= self._done:
+                        return  # stopping, and nothing left
+                    target = self._wanted
+                failed = False
+                for projection in self._projections:
+                    try:
+                        projection.catch_up(self._log)
+                    except Exception:
+                        # The write is committed; the projection catches up after the next one.
+                        logger.exception("projection %r failed to catch up", projection)
+                        failed = True
+                with self._cond:
+                    self._done = max(self._done, target)
+                    self._failed = failed
+                    self._cond.notify_all()
+        finally:
             with self._cond:
-                self._cond.wait_for(lambda: self._wanted > self._done or self._stopping)
-                if self._wanted <= self._done:
-                    return  # stopping, and nothing left
-                target = self._wanted
-            for projection in self._projections:
-                try:
-                    projection.catch_up(self._log)
-                except Exception:
-                    # The write is committed; the projection catches up on the next one.
-                    logger.exception("projection %r failed to catch up", projection)
-            with self._cond:
-                self._done = max(self._done, target)
+                self._stopped = True
                 self._cond.notify_all()
 
 

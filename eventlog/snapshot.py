@@ -198,6 +198,12 @@ def _extend(
     """Compute ``out``'s results for ``out.raw[reuse:]`` after ``parent`` (``seen``: the
     session was flushed before, so its new messages are copied for the next check)."""
     raw = out.raw
+    # A session flushed again and again gets copies of its new messages for the next check,
+    # taken before the message is encoded (an edit racing with this flush then shows).
+    copying = seen and not trust_identity
+    if not trust_identity and not seen:
+        out.copies.extend([PENDING] * (len(raw) - len(out.copies)))
+    copies_out = out.copies.append
     # The per-message loop of every flush: locals and inlined checks on purpose.
     encode, inspect, strip = codec.encode, codec.inspect, codec.strip
     default_rule = ephemeral is is_ephemeral
@@ -206,6 +212,8 @@ def _extend(
     kept_out, bodies_out, digests_out, nodes_out = out.kept.append, out.bodies.append, out.digests.append, out.nodes.append
     for index in range(reuse, len(raw)):
         message = raw[index]
+        if copying:
+            copies_out(copy_message(message))
         try:
             fast: bytes | None = encode(message)
         except Exception:  # _ keys may hold process-local objects; only canonical bytes matter
@@ -227,11 +235,6 @@ def _extend(
         if chain:
             parent = sha256(parent + digest).digest()
             nodes_out(parent)
-    if not trust_identity:
-        if seen:  # a session flushed again and again: copy the new messages now
-            out.copies.extend(map(copy_message, raw[len(out.copies):]))
-        else:
-            out.copies.extend([PENDING] * (len(raw) - len(out.copies)))
     return out
 
 
@@ -323,52 +326,57 @@ def _reusable(raw: list[Any], previous: Prepared | None, trust_identity: bool, o
     same = min(len(raw), len(previous.raw))
     if trust_identity:
         # The same objects (or ones equal to them): list equality compares pointers first, in C,
-        # without touching the objects.  A grown list is compared with the cached one grown by
-        # its new items for the moment (slicing the caller's list would touch every message).
+        # without touching the objects.
         old = previous.raw
-        if same == len(old):
-            if same == len(raw):
-                if old == raw:
-                    return same
-            elif owned:
-                old.extend(raw[same:])
-                equal = old == raw
-                del old[same:]
-                if equal:
-                    return same
-            elif old == raw[:same]:
-                return same
+        if same == len(old) and _leading_equal(old, raw, owned):
+            return same
         return _first_unequal(old, raw, 0, same)
     # A dict may have been edited in place, or replaced by a fresh one: compare with the copies.
     copies, fast, encode = previous.copies, previous.fast, codec.encode
-    if same == len(copies):
-        if same == len(raw):
-            if copies == raw:
-                return same
-        elif owned:  # as above: the new items compare with themselves, by pointer
-            copies.extend(raw[same:])
-            equal = copies == raw
-            del copies[same:]
-            if equal:
-                return same
+    if same == len(copies) and _leading_equal(copies, raw, owned):
+        return same
     start = 0
     while (start := _first_unequal(copies, raw, start, same)) < same:
         copy = copies[start]
         if copy is not PENDING and copy is not UNCOPYABLE:
             return start  # changed in place (or only in a way hashing it again will show is harmless)
         message = raw[start]
+        # Copied before it is checked: an edit racing with this flush then differs from the copy.
+        fresh = copy_message(message) if copy is PENDING else copy
         try:
             current: bytes | None = encode(message)
         except Exception:  # an unencodable `_` value: only hashing it again can tell
             current = None
         if current is None or current != fast[start]:
             return start
-        if copy is PENDING:
-            # Unchanged since it was flushed: copy it now, so the next check is a comparison.
-            # (Writing into the cached list is safe: it only ever gains copies.)
-            copies[start] = copy_message(message)
+        # Unchanged since it was flushed: from now on a comparison checks it.  (Writing into
+        # the cached list is safe: it only ever gains copies.)
+        copies[start] = fresh
         start += 1
     return same
+
+
+def _leading_equal(old: list[Any], raw: list[Any], owned: bool) -> bool:
+    """Whether ``raw`` starts with items equal to all of ``old``, in one C comparison.
+
+    For a grown ``raw``, an ``owned`` ``old`` is compared grown by ``raw``'s new items for the
+    moment (they compare with themselves, by pointer): slicing the caller's list instead would
+    touch every message.  A comparison that raises (a ``_`` value with a strange ``__eq__``)
+    counts as unequal: the caller then looks closer.
+    """
+    same = len(old)
+    try:
+        if same == len(raw):
+            return bool(old == raw)
+        if not owned:
+            return bool(old == raw[:same])
+        old.extend(raw[same:])
+        try:
+            return bool(old == raw)
+        finally:
+            del old[same:]
+    except Exception:
+        return False
 
 
 def _first_unequal(old: list[Any], raw: list[Any], start: int, stop: int) -> int:
@@ -377,14 +385,17 @@ def _first_unequal(old: list[Any], raw: list[Any], start: int, stop: int) -> int
     Compares growing blocks in C; an unequal block is searched item by item.
     """
     block = 64
-    while start < stop:
-        end = min(start + block, stop)
-        if old[start:end] == raw[start:end]:
-            start = end
-            block = min(block * 2, 8192)
-            continue
-        for index in range(start, end):
-            if not old[index] == raw[index]:
-                return index
-        return start  # the block differed a moment ago: a concurrent edit; check it all again
+    try:
+        while start < stop:
+            end = min(start + block, stop)
+            if old[start:end] == raw[start:end]:
+                start = end
+                block = min(block * 2, 8192)
+                continue
+            for index in range(start, end):
+                if not old[index] == raw[index]:
+                    return index
+            return start  # the block differed a moment ago: a concurrent edit; check it all again
+    except Exception:
+        return start  # a comparison raised: hash again from here
     return stop

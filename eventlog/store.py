@@ -251,6 +251,7 @@ class Store:
         # Synced commits write into space zeroed ahead of time (see _preallocate).
         self._zero_fd = os.open(data, os.O_WRONLY | getattr(os, "O_CLOEXEC", 0)) if sync and not readonly else None
         self._zeroed = 0  # the data file's size after our last zeroing
+        self._zero_retry = 0  # no zeroing before this many commits (after a failure)
         self._pending_tail: tuple[int, bytes] | None = None  # written by the open write transaction
         try:
             self.log_id = self._init_meta() if not readonly else self._read_log_id()
@@ -391,9 +392,12 @@ class Store:
             self._leading = True
         if not lead:
             # Woken once: either a leader committed this write, or handed over the lead.
-            request.wake.acquire()
+            try:
+                request.wake.acquire()
+            except BaseException:  # interrupted (Ctrl-C) while waiting
+                self._abandon(request)
+                raise
         if not request.done:
-            group: list[_Request] = []
             try:
                 while not request.done:
                     with self._group:
@@ -401,19 +405,42 @@ class Store:
                         del self._queue[: self.max_group]
                     try:
                         self._commit_group(group)
+                    except BaseException as e:
+                        # Whatever failed, every write of the group fails with it (nothing of
+                        # it was committed), and so does this caller's own if it is still queued.
+                        _fail([r for r in group if not r.done], e)
+                        with self._group:
+                            if request in self._queue:
+                                self._queue.remove(request)
+                                _fail([request], e)
+                        raise
                     finally:
                         for other in group:
                             if other is not request:
                                 other.wake.release()  # wake exactly the callers this commit acknowledged
             finally:
-                with self._group:
-                    if self._queue:
-                        self._queue[0].wake.release()  # the next caller in line leads the next group
-                    else:
-                        self._leading = False
+                self._hand_over()
         if request.error is not None:
             raise request.error
         return request.result  # type: ignore[return-value]
+
+    def _hand_over(self) -> None:
+        """The leader is done: the next caller in line leads the next group."""
+        with self._group:
+            if self._queue:
+                self._queue[0].wake.release()
+            else:
+                self._leading = False
+
+    def _abandon(self, request: _Request) -> None:
+        """A caller stops waiting: take its write out of the queue, or pass on a lead handed to it."""
+        with self._group:
+            if request in self._queue:
+                self._queue.remove(request)
+                _fail([request], EventLogError("the write was abandoned before it was committed"))
+            handed = request.wake.acquire(blocking=False) and not request.done
+        if handed:
+            self._hand_over()
 
     def _commit_group(self, group: list[_Request]) -> None:
         """Run every request of ``group`` in one write transaction and commit once."""
@@ -519,6 +546,8 @@ class Store:
         """
         fd = self._zero_fd
         assert fd is not None
+        if self.commits < self._zero_retry:
+            return
         info = self.env.info()
         used = (info["last_pgno"] + 1) * PAGE
         # Steps grow with the file (a small log stays small), up to ZERO_STEP.
@@ -535,8 +564,9 @@ class Store:
             while offset < end:
                 offset += os.pwrite(fd, _ZEROS[: min(len(_ZEROS), end - offset)], offset)
             os.fdatasync(fd)
-        except OSError:
+        except OSError:  # a full disk: LMDB's own write reports it; try again much later
             self._zeroed = os.fstat(fd).st_size
+            self._zero_retry = self.commits + 1024
             return
         self._zeroed = end
 

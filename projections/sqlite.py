@@ -83,12 +83,18 @@ class SQLiteProjection:
     # -- lifecycle -------------------------------------------------------------
 
     def close(self) -> None:
-        """Index what the search index still lacks, then close the database."""
+        """Index what the search index still lacks, then close the database.
+
+        A projection attached to a log is first brought up to date with the log's writes so
+        far; writes made after it is closed are logged as failed catch-ups (close the log first).
+        """
+        if self._wait is not None:
+            self._wait(None)  # outside the lock: the projector takes it to catch up
         with self._lock:
             if self._db is None:
                 return
             try:
-                self.sync_search()
+                self._sync_search()
             finally:
                 self._db.close()
                 self._db = None  # type: ignore[assignment]
@@ -171,6 +177,9 @@ class SQLiteProjection:
         """Bring the search index up to date with the rows; return how many rows it was behind."""
         if self._wait is not None:
             self._wait(None)
+        return self._sync_search()
+
+    def _sync_search(self) -> int:
         with self._lock, self._translate():
             if self._pending() == 0:
                 return 0

@@ -421,3 +421,60 @@ def test_a_refused_extension_leaves_the_cache_as_it_was(tmp_path, trust):
         assert (result.appended, result.unchanged) == (1, 3)
         assert [m["content"] for m in log.messages("s")] == ["a", "b", "c", "e"]
         assert log.verify().ok
+
+
+class _RaisingEq:
+    """A process-local `_` value whose == raises (like a numpy array)."""
+
+    armed = True
+
+    def __eq__(self, other):
+        if _RaisingEq.armed:
+            raise ValueError("ambiguous truth value")
+        return isinstance(other, _RaisingEq)
+
+    __hash__ = None
+
+
+@pytest.mark.parametrize("trust", [False, True])
+def test_a_comparison_that_raises_leaves_the_cache_sound(tmp_path, trust):
+    _RaisingEq.armed = True
+    with EventLog.open(tmp_path / "l", trust_identity=trust) as log:
+        first = {"role": "user", "content": "hi", "_meta": [1]}
+        messages = [first, assistant("a")]
+        log.flush("s", messages)
+        log.flush("s", messages)
+        messages[0] = {"role": "user", "content": "hi", "_meta": _RaisingEq()}  # a new dict, equal but for `_`
+        if not trust:
+            first["_meta"] = _RaisingEq()
+            messages[0] = first
+        messages.append(user("third"))
+        assert log.flush("s", messages).appended == 1
+        _RaisingEq.armed = False
+        assert log.flush("s", messages).appended == 0
+        if not trust:
+            messages[2]["content"] = "edited in place"
+            assert log.flush("s", messages).tombstoned == 1
+        assert log.messages("s") == [user("hi"), assistant("a"), messages[2]]
+        assert log.verify().ok
+
+
+def test_a_message_edited_while_it_is_being_flushed_is_caught_next_time(tmp_path):
+    """The copy for the next check is taken before the message is encoded, so an edit racing
+    with the flush (simulated here from the scaffolding rule, which runs in between) shows."""
+    target: dict = {}
+
+    def rule(message):
+        if message is target and message["content"] == "streaming":
+            message["content"] = "streaming, more text"  # another thread appends to the text
+        return False
+
+    with EventLog.open(tmp_path / "l", ephemeral=rule) as log:
+        messages = [user("q")]
+        log.flush("s", messages)
+        target.update(assistant("streaming"))
+        messages.append(target)
+        log.flush("s", messages)  # stores the text as encoded, whichever it was
+        result = log.flush("s", messages)
+        assert log.messages("s")[1]["content"] == "streaming, more text"
+        assert result.appended in (0, 1)

@@ -8,6 +8,7 @@ import time
 import pytest
 
 from eventlog import EMPTY_HEAD, ConflictError, EventLog, HistoryMismatchError, events
+from eventlog.store import _Request
 from factories import assistant, user
 
 
@@ -151,3 +152,70 @@ def test_a_body_that_fails_after_writing_leaves_nothing(log):
         assert txn.get(b"t1", db=store.meta) == b"v"
         assert txn.get(b"t2", db=store.meta) is None
         assert txn.get(b"t3", db=store.meta) == b"v"
+
+
+def test_a_group_that_cannot_be_committed_fails_every_caller_in_it_and_nothing_hangs(log, monkeypatch):
+    store = log._store
+    real = type(store)._commit_group
+    fired = []
+
+    def failing_once(self, group):
+        if len(group) >= 2 and not fired:
+            fired.append(len(group))
+            raise OSError(5, "simulated I/O error before the transaction")
+        return real(self, group)
+
+    monkeypatch.setattr(type(store), "_commit_group", failing_once)
+    calls = [lambda i=i: log.flush(f"s{i}", [user(f"q{i}")]) for i in range(5)]
+    results, _ = run_grouped(log, calls)
+    assert fired == [5]
+    assert all(isinstance(r, OSError) for r in results)
+    assert log.last_seq == 0  # nothing of the failed group landed
+    assert log.flush("after", [user("q")]).appended == 1  # and the log still takes writes
+    assert not store._queue and not store._leading
+
+
+def test_a_caller_interrupted_while_waiting_leaves_the_queue_working(log, monkeypatch):
+    store = log._store
+    real_init = _Request.__init__
+
+    class Interrupted:
+        def acquire(self, blocking=True):
+            if blocking:
+                raise KeyboardInterrupt
+            return False
+
+        def release(self):
+            pass
+
+    def init(self, body):
+        real_init(self, body)
+        if threading.current_thread().name == "interrupted":
+            self.wake = Interrupted()
+
+    monkeypatch.setattr(_Request, "__init__", init)
+    outcome = []
+
+    def interrupted():
+        try:
+            log.flush("gone", [user("never")])
+        except KeyboardInterrupt:
+            outcome.append("interrupted")
+
+    release = threading.Event()
+    leader = threading.Thread(target=lambda: store.write(lambda txn: release.wait(10)))
+    leader.start()  # a commit in flight
+    deadline = time.monotonic() + 10
+    while not store._leading and time.monotonic() < deadline:
+        time.sleep(0.001)
+    t = threading.Thread(target=interrupted, name="interrupted")
+    t.start()
+    t.join(10)
+    assert outcome == ["interrupted"] and not store._queue  # the abandoned write left the queue
+    release.set()
+    leader.join(10)
+    later = threading.Thread(target=lambda: outcome.append(log.flush("later", [user("q")]).appended))
+    later.start()
+    later.join(10)
+    assert outcome == ["interrupted", 1], "a write after the interrupted one never ran"
+    assert "gone" not in log.sessions()

@@ -95,10 +95,11 @@ def test_a_failing_projection_never_fails_the_write_and_catches_up_later(tmp_pat
         blocker.execute("BEGIN EXCLUSIVE")  # the projection cannot write
         result = log.flush("s", [user("q")])
         assert result.appended == 1
-        assert log.sync_projections(timeout=30)
+        assert not log.sync_projections(timeout=30)  # applied nothing: says so
         assert "failed to catch up" in caplog.text
         blocker.rollback()
         log.flush("s", [user("q"), assistant("a")])
+        assert log.sync_projections(timeout=30)
         assert [r["content"] for r in proj.messages("s")] == ["q", "a"]
     blocker.close()
     proj.close()
@@ -126,3 +127,17 @@ def test_many_threads_writing_with_a_background_projection(tmp_path: Path) -> No
         assert rebuilt.messages("s3") == proj.messages("s3")
     rebuilt.close()
     proj.close()
+
+
+def test_closing_the_projection_before_the_log_does_not_hang(tmp_path: Path) -> None:
+    proj = SQLiteProjection(tmp_path / "p.db")
+    gate = Gate()
+    with EventLog.open(tmp_path / "log", projections=[gate, proj]) as log:
+        log.flush("s", [user("q"), assistant("a")])
+        assert gate.entered.wait(30)  # the projector is busy; the write waits to be projected
+        closer = threading.Thread(target=proj.close)
+        closer.start()
+        gate.release.set()
+        closer.join(30)
+        assert not closer.is_alive()
+    assert raw_count(tmp_path / "p.db") == 2
