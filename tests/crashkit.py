@@ -87,3 +87,20 @@ class Child:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def raw_env(path: Path):
+    """The log's LMDB environment opened directly, to damage or inspect it below the API."""
+    import lmdb
+
+    return lmdb.open(str(path), subdir=True, max_dbs=8, max_readers=512)
+
+
+def raw_events(path: Path) -> list[tuple[bytes, bytes]]:
+    """Every ``(key, value)`` of the ``events`` database, read directly."""
+    env = raw_env(path)
+    try:
+        with env.begin() as txn:
+            return list(txn.cursor(db=env.open_db(b"events", txn=txn)))
+    finally:
+        env.close()

@@ -105,30 +105,6 @@ def test_a_failing_projection_never_fails_the_write_and_catches_up_later(tmp_pat
     proj.close()
 
 
-def test_many_threads_writing_with_a_background_projection(tmp_path: Path) -> None:
-    proj = SQLiteProjection(tmp_path / "p.db")
-    with EventLog.open(tmp_path / "log", projections=[proj], durability="none") as log:
-        def writer(w: int) -> None:
-            messages = []
-            for n in range(20):
-                messages += [user(f"w{w} q{n}"), assistant(f"w{w} a{n}")]
-                log.flush(f"s{w}", messages)
-
-        threads = [threading.Thread(target=writer, args=(w,)) for w in range(4)]
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join()
-        for w in range(4):
-            assert len(proj.messages(f"s{w}")) == 40
-    rebuilt = SQLiteProjection(tmp_path / "r.db")
-    with EventLog.open(tmp_path / "log") as log:
-        rebuilt.rebuild(log)
-        assert rebuilt.messages("s3") == proj.messages("s3")
-    rebuilt.close()
-    proj.close()
-
-
 def test_closing_the_projection_before_the_log_does_not_hang(tmp_path: Path) -> None:
     proj = SQLiteProjection(tmp_path / "p.db")
     gate = Gate()

@@ -19,7 +19,7 @@ from pathlib import Path
 import lmdb
 import pytest
 
-from crashkit import run_python
+from crashkit import raw_env, raw_events, run_python
 from eventlog import CorruptLogError, EventLog, EventLogError, ReadOnlyError, StorageFullError
 
 
@@ -153,21 +153,10 @@ def _small_log(path: Path) -> dict[str, list[dict[str, object]]]:
         return {s: log.messages(s) for s in log.sessions()}
 
 
-def _raw_env(path: Path) -> lmdb.Environment:
-    return lmdb.open(str(path), subdir=True, max_dbs=8, max_readers=512)
-
-
-def _events(path: Path) -> list[tuple[bytes, bytes]]:
-    env = _raw_env(path)
-    try:
-        with env.begin() as txn:
-            return list(txn.cursor(db=env.open_db(b"events", txn=txn)))
-    finally:
-        env.close()
 
 
 def _put_event(path: Path, key: bytes, value: bytes, *, delete: bytes | None = None) -> None:
-    env = _raw_env(path)
+    env = raw_env(path)
     try:
         with env.begin(write=True) as txn:
             db = env.open_db(b"events", txn=txn)
@@ -205,7 +194,7 @@ def _undetected_changes(path: Path, events: list[tuple[bytes, bytes]]) -> tuple[
 def test_verify_finds_any_changed_byte_in_an_event_before_the_newest(tmp_path: Path) -> None:
     path = tmp_path / "log"
     _small_log(path)
-    events = _events(path)
+    events = raw_events(path)
     assert len(events) >= 8
     checked, missed = _undetected_changes(path, events[:-1])
     assert not missed, f"verify() missed changed bytes (seq, offset): {missed[:20]}"
@@ -215,7 +204,7 @@ def test_verify_finds_any_changed_byte_in_an_event_before_the_newest(tmp_path: P
 def test_verify_finds_any_changed_byte_in_the_newest_event(tmp_path: Path) -> None:
     path = tmp_path / "log"
     _small_log(path)
-    _, missed = _undetected_changes(path, _events(path)[-1:])
+    _, missed = _undetected_changes(path, raw_events(path)[-1:])
     assert not missed, f"verify() missed changed bytes (seq, offset): {missed[:20]}"
 
 
@@ -224,8 +213,8 @@ def test_verify_finds_the_newest_event_removed(tmp_path: Path) -> None:
     with EventLog.open(path) as log:
         log.flush("a", [{"role": "user", "content": "q"}])
         log.update_session("a", title="the newest event")
-    key, _ = _events(path)[-1]
-    env = _raw_env(path)
+    key, _ = raw_events(path)[-1]
+    env = raw_env(path)
     with env.begin(write=True) as txn:
         txn.delete(key, db=env.open_db(b"events", txn=txn))
     env.close()
@@ -236,7 +225,7 @@ def test_verify_finds_the_newest_event_removed(tmp_path: Path) -> None:
 def test_verify_finds_a_removed_or_reordered_event(tmp_path: Path) -> None:
     path = tmp_path / "log"
     _small_log(path)
-    events = _events(path)
+    events = raw_events(path)
     (k3, v3), (k4, v4) = events[2], events[3]
     _put_event(path, k3, v4)
     _put_event(path, k4, v3)
@@ -244,7 +233,7 @@ def test_verify_finds_a_removed_or_reordered_event(tmp_path: Path) -> None:
         assert not log.verify().ok
     _put_event(path, k3, v3)
     _put_event(path, k4, v4)
-    env = _raw_env(path)
+    env = raw_env(path)
     with env.begin(write=True) as txn:
         txn.delete(k4, db=env.open_db(b"events", txn=txn))
     env.close()
@@ -255,7 +244,7 @@ def test_verify_finds_a_removed_or_reordered_event(tmp_path: Path) -> None:
 def test_verify_reports_a_malformed_event_key(tmp_path: Path) -> None:
     path = tmp_path / "log"
     _small_log(path)
-    (key, value) = _events(path)[-1]
+    (key, value) = raw_events(path)[-1]
     _put_event(path, key[:7], value, delete=key)
     with EventLog.open(path) as log:
         report = log.verify()
@@ -263,7 +252,7 @@ def test_verify_reports_a_malformed_event_key(tmp_path: Path) -> None:
 
 
 def _body_event(path: Path, marker: bytes) -> tuple[bytes, bytes, int]:
-    for key, value in _events(path):
+    for key, value in raw_events(path):
         at = value.find(marker)
         if at >= 0:
             return key, value, at

@@ -13,16 +13,14 @@ import gc
 import random
 from pathlib import Path
 
-import lmdb
 import pytest
 
 from eventlog import CorruptLogError, EventLog
 from eventlog.replay import paused_gc
 from eventlog.store import LINK, SEQ, STATE, chain_key, state_key
 
+from crashkit import raw_env, raw_events
 
-def _raw_env(path: Path) -> lmdb.Environment:
-    return lmdb.open(str(path), subdir=True, max_dbs=8, max_readers=512)
 
 
 def _message(i: int) -> dict[str, object]:
@@ -46,7 +44,7 @@ def _multi_event_log(path: Path, *, edit: bool) -> list[dict[str, object]]:
 
 
 def _session_number(path: Path, session_id: str) -> int:
-    env = _raw_env(path)
+    env = raw_env(path)
     try:
         with env.begin() as txn:
             return SEQ.unpack(txn.get(session_id.encode(), db=env.open_db(b"sessions", txn=txn)))[0]
@@ -55,7 +53,7 @@ def _session_number(path: Path, session_id: str) -> int:
 
 
 def _get(path: Path, db: bytes, key: bytes) -> bytes:
-    env = _raw_env(path)
+    env = raw_env(path)
     try:
         with env.begin() as txn:
             value = txn.get(key, db=env.open_db(db, txn=txn))
@@ -65,17 +63,9 @@ def _get(path: Path, db: bytes, key: bytes) -> bytes:
         env.close()
 
 
-def _events(path: Path) -> list[tuple[bytes, bytes]]:
-    env = _raw_env(path)
-    try:
-        with env.begin() as txn:
-            return list(txn.cursor(db=env.open_db(b"events", txn=txn)))
-    finally:
-        env.close()
-
 
 def _put(path: Path, db: bytes, key: bytes, value: bytes) -> None:
-    env = _raw_env(path)
+    env = raw_env(path)
     try:
         with env.begin(write=True) as txn:
             txn.put(key, value, db=env.open_db(db, txn=txn))
@@ -93,7 +83,7 @@ def test_a_changed_byte_in_any_event_never_gives_a_wrong_transcript(tmp_path: Pa
         # send the read through the live chain, which gives the true transcript.
         live = {occ.source[0] for occ in log.history("s") if occ.tombstone is None}
     assert len(live) >= 4  # bodies come from several events
-    original = _events(path)
+    original = raw_events(path)
     rng = random.Random(1)
     for key, value in original:
         seq = SEQ.unpack(key)[0]
@@ -159,7 +149,7 @@ def test_a_chain_entry_moved_to_a_carried_slot_is_a_corrupt_log_error(tmp_path: 
         appended = [r for r in log.events() if type(r.event).__name__ == "MessagesAppended"]
         edit = appended[-1]
         assert edit.event.carried == {1: (appended[0].seq, 2)}
-    env = _raw_env(path)
+    env = raw_env(path)
     try:
         with env.begin() as txn:
             number = SEQ.unpack(txn.get(b"s", db=env.open_db(b"sessions", txn=txn)))[0]
