@@ -6,14 +6,15 @@ so per session the last flushed list is remembered in a :class:`SnapshotCache`:
 strong references to the caller's objects (so an ``id()`` can never be recycled
 while it is cached) with each message's canonical bytes and node digest.
 
-- Default mode: a message that is the *same object* as last time is compared
-  with a *copy* of its containers taken when it was last seen unchanged.  The copy
-  shares the caller's strings, so the comparison runs in C and never reads the
-  text; numbers compare by type and value.  Every in-place edit is still detected,
-  and anything the comparison cannot vouch for is re-encoded and re-hashed.
+- Default mode: the message at each position flushed before (the same dict, or a
+  fresh one) is compared with a *copy* of the containers of the message flushed
+  there.  The copy shares the caller's strings, so the comparison runs in C and
+  never reads the text; numbers compare by type, value and sign.  Every in-place
+  edit is detected, and anything the comparison cannot vouch for is re-encoded and
+  re-hashed.
 - Trust mode (``trust_identity=True``): the caller promises never to mutate a
-  flushed message, and the same object is trusted without re-encoding, so a flush
-  costs what its new messages cost.
+  flushed message; the same object (or a dict equal to it) is reused without a
+  look inside, so a flush costs what its new messages cost.
 
 The cache only says what the caller's list *hashes to*; whether those nodes are
 stored is always decided against the log itself.
@@ -239,6 +240,8 @@ def _extend(
 
 
 class _Marker:
+    """A placeholder in a list of copies; it equals nothing but itself, so a list comparison stops at it."""
+
     __slots__ = ("name",)
 
     def __init__(self, name: str) -> None:
@@ -246,8 +249,6 @@ class _Marker:
 
     def __repr__(self) -> str:
         return self.name
-
-    # A marker equals nothing but itself, so a list comparison stops at it.
 
 
 PENDING: Any = _Marker("PENDING")
@@ -272,7 +273,9 @@ class _Number:
         value = self.value
         if other is value:
             return True
-        return type(other) is type(value) and other == value and (value or copysign(1.0, other) == copysign(1.0, value))  # type: ignore[arg-type]
+        if type(other) is not type(value) or other != value:
+            return False
+        return value != 0 or copysign(1.0, other) == copysign(1.0, value)  # type: ignore[arg-type]
 
     __hash__ = None  # type: ignore[assignment]
 
