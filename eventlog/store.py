@@ -406,8 +406,8 @@ class Store:
                     try:
                         self._commit_group(group)
                     except BaseException as e:
-                        # Whatever failed, every write of the group fails with it (nothing of
-                        # it was committed), and so does this caller's own if it is still queued.
+                        # Every write of the group not yet acknowledged fails with it, and so
+                        # does this caller's own if it is still queued.
                         _fail([r for r in group if not r.done], e)
                         with self._group:
                             if request in self._queue:
@@ -435,10 +435,11 @@ class Store:
     def _abandon(self, request: _Request) -> None:
         """A caller stops waiting: take its write out of the queue, or pass on a lead handed to it."""
         with self._group:
+            # A lead handed over leaves the request in the queue and releases its lock.
+            handed = request.wake.acquire(blocking=False) and not request.done
             if request in self._queue:
                 self._queue.remove(request)
                 _fail([request], EventLogError("the write was abandoned before it was committed"))
-            handed = request.wake.acquire(blocking=False) and not request.done
         if handed:
             self._hand_over()
 

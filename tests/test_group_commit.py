@@ -219,3 +219,16 @@ def test_a_caller_interrupted_while_waiting_leaves_the_queue_working(log, monkey
     later.join(10)
     assert outcome == ["interrupted", 1], "a write after the interrupted one never ran"
     assert "gone" not in log.sessions()
+
+
+def test_a_caller_interrupted_just_as_the_lead_is_handed_to_it_passes_it_on(log):
+    store = log._store
+    request = _Request(lambda txn: None)
+    with store._group:
+        store._leading = True
+        store._queue.append(request)
+    store._hand_over()  # the lead goes to the waiting request ...
+    store._abandon(request)  # ... whose caller was interrupted before it woke
+    assert not store._queue and not store._leading
+    assert request.done and request.error is not None
+    assert log.flush("s", [user("q")]).appended == 1
