@@ -285,7 +285,9 @@ def run(
     sessions = {w: [f"w{w}s{j}" for j in range(sessions_per_writer)] for w in range(writers)}
     pending: dict[int, dict[str, dict[str, Any]]] = {w: {} for w in range(writers)}
     model: dict[str, list[str]] = defaultdict(list)
-    since = {w: 0 for w in range(writers)}  # oldest incarnation whose last call may be unacknowledged
+    # Per writer and session: the oldest incarnation whose last call may be unacknowledged.
+    # (Per session: a writer killed while saying hello has reconciled only some sessions.)
+    since: dict[tuple[int, str], int] = {}
     acked: list[dict[str, Any]] = []
     last_head: dict[str, str | None] = {}
     incarnation = 0
@@ -320,7 +322,7 @@ def run(
 
             def fresh(uids: list[str]) -> bool:
                 return all(
-                    u.startswith(s + "|") and (int(u.split("|")[1]) >= since[w] or u in retried) and u not in want
+                    u.startswith(s + "|") and (int(u.split("|")[1]) >= since.get((w, s), 0) or u in retried) and u not in want
                     for u in uids
                 )
 
@@ -357,8 +359,9 @@ def run(
                 result.acks += 1
                 result.retries += line.get("retry", 0)
                 result.messages_acked += len(uids)
-        if any(line["t"] == "hello" for line in proc.lines):
-            since[w] = proc.gen  # everything older is reconciled
+        for line in proc.lines:
+            if line["t"] == "hello":
+                since[(w, line["s"])] = proc.gen  # everything older is reconciled for this session
 
     procs: dict[int, _Proc] = {w: start_writer(w) for w in range(writers)}
     projector = start_projector() if projection else None
