@@ -424,39 +424,50 @@ def test_a_refused_extension_leaves_the_cache_as_it_was(tmp_path, trust):
 
 
 class _RaisingEq:
-    """A process-local `_` value whose == raises (like a numpy array)."""
+    """A process-local `_` value whose == raises while armed (like a numpy array, or a Ctrl-C
+    meanwhile), and otherwise equals another of its kind or ``[1]``."""
 
-    armed = True
+    error: type[BaseException] | None = None
 
     def __eq__(self, other):
-        if _RaisingEq.armed:
-            raise ValueError("ambiguous truth value")
-        return isinstance(other, _RaisingEq)
+        if _RaisingEq.error is not None:
+            raise _RaisingEq.error("ambiguous truth value")
+        return isinstance(other, _RaisingEq) or other == [1]
 
     __hash__ = None
 
 
+@pytest.mark.parametrize("error", [ValueError, KeyboardInterrupt])
 @pytest.mark.parametrize("trust", [False, True])
-def test_a_comparison_that_raises_leaves_the_cache_sound(tmp_path, trust):
-    _RaisingEq.armed = True
-    with EventLog.open(tmp_path / "l", trust_identity=trust) as log:
-        first = {"role": "user", "content": "hi", "_meta": [1]}
-        messages = [first, assistant("a")]
-        log.flush("s", messages)
-        log.flush("s", messages)
-        messages[0] = {"role": "user", "content": "hi", "_meta": _RaisingEq()}  # a new dict, equal but for `_`
-        if not trust:
-            first["_meta"] = _RaisingEq()
-            messages[0] = first
-        messages.append(user("third"))
-        assert log.flush("s", messages).appended == 1
-        _RaisingEq.armed = False
-        assert log.flush("s", messages).appended == 0
-        if not trust:
-            messages[2]["content"] = "edited in place"
-            assert log.flush("s", messages).tombstoned == 1
-        assert log.messages("s") == [user("hi"), assistant("a"), messages[2]]
-        assert log.verify().ok
+def test_a_comparison_that_raises_leaves_the_cache_sound(tmp_path, trust, error):
+    _RaisingEq.error = None
+    try:
+        with EventLog.open(tmp_path / "l", trust_identity=trust) as log:
+            first = {"role": "user", "content": "hi", "_meta": _RaisingEq() if trust else [1]}
+            messages = [first, assistant("a")]
+            log.flush("s", messages)
+            log.flush("s", messages)
+            if trust:  # a new dict, equal to the first
+                messages[0] = {"role": "user", "content": "hi", "_meta": _RaisingEq()}
+            else:  # an annotation replaced in place: equal to the copy's `[1]`, but compared by raising
+                first["_meta"] = _RaisingEq()
+            messages.append(user("third"))
+            _RaisingEq.error = error
+            if error is KeyboardInterrupt:
+                with pytest.raises(KeyboardInterrupt):
+                    log.flush("s", messages)  # interrupted: nothing written, the cache as it was
+                assert len(log.messages("s")) == 2
+                _RaisingEq.error = None
+            assert log.flush("s", messages).appended == 1
+            _RaisingEq.error = None
+            assert log.flush("s", messages).appended == 0
+            if not trust:
+                messages[2]["content"] = "edited in place"
+                assert log.flush("s", messages).tombstoned == 1
+            assert log.messages("s") == [user("hi"), assistant("a"), messages[2]]
+            assert log.verify().ok
+    finally:
+        _RaisingEq.error = None
 
 
 def test_a_message_edited_while_it_is_being_flushed_is_caught_next_time(tmp_path):
