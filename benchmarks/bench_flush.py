@@ -90,6 +90,7 @@ def run(*, quick: bool = False, scratch_dir: Path | None = None, messages: int |
                         start = now_ns()
                         system.turn("session-1", messages_so_far, new)
                         series[system.name].append(now_ns() - start)
+                        system.settle()
         finally:
             for system in active:
                 system.close()

@@ -63,6 +63,10 @@ class System:
     def turn(self, session_id: str, messages: list[Message], new: list[Message]) -> None:
         raise NotImplementedError
 
+    def settle(self) -> None:
+        """Untimed work after a turn: background work the turn started finishes here, so it
+        never runs during another system's timed turn (an agent waits for its model then)."""
+
     def close(self) -> None:
         pass
 
@@ -125,6 +129,10 @@ class EventLogSystem(System):
             self.log.flush(session_id, messages)
         if self.projection_mode == "search":
             self.projection.sync_search()
+
+    def settle(self) -> None:
+        if self.log is not None:
+            self.log.sync_projections()
 
     def close(self) -> None:
         if self.log is not None:
