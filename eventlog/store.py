@@ -240,6 +240,7 @@ class Store:
         self._group = threading.Lock()  # guards the queue and the leader flag
         self._queue: list[_Request] = []
         self._leading = False  # a thread is committing a group
+        self._last_group = 0  # how many writes the last commit carried
         self.max_group = 64
         self.commits = 0  # write transactions committed by this process
         self.grouped_writes = 0  # writes those commits carried
@@ -400,6 +401,10 @@ class Store:
         if not request.done:
             try:
                 while not request.done:
+                    if self._last_group > 1:
+                        # Other threads were writing a moment ago: let those that are ready
+                        # join this commit (one sync for all) before taking the queue.
+                        time.sleep(0)
                     with self._group:
                         group = self._queue[: self.max_group]
                         del self._queue[: self.max_group]
@@ -494,6 +499,7 @@ class Store:
                             self._tail = self._pending_tail
                         self.commits += 1
                         self.grouped_writes += len(group)
+                        self._last_group = len(group)
                         for request in group:
                             request.done = True
                         return
