@@ -22,6 +22,7 @@ Run it from the repository root (2-4 minutes on 2 cores; ``--quick``: well under
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 import time
 from pathlib import Path
@@ -297,6 +298,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     for name, module in SCENARIOS.items():
         if args.only and name not in args.only:
             continue
+        # Each scenario starts with the previous one's writes on disk: the kernel's background
+        # writeback of hundreds of MB would otherwise slow the next scenario's syncs.
+        os.sync()
         t0 = time.monotonic()
         print(f"\n== {name} ...", flush=True)
         results[name] = module.run(quick=args.quick, scratch_dir=args.scratch)
