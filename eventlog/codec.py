@@ -73,6 +73,8 @@ def inspect(message: Any, index: int, *, encoded: bool = False) -> bool:
     """
     if not isinstance(message, Mapping):
         raise InvalidMessageError(f"messages[{index}]: {type(message).__name__} is not a mapping", index=index)
+    if encoded:
+        return inspect_encoded(message, index)
     private = False
     for key, item in message.items():
         if type(key) is not str:
@@ -81,14 +83,30 @@ def inspect(message: Any, index: int, *, encoded: bool = False) -> bool:
             private = True
             continue
         kind = type(item)
-        if encoded:
-            if kind is str or item is None or kind is bool or kind is int or (kind is float and item - item == 0.0):
-                continue  # the common leaves, without a call (x - x is 0.0 for finite floats only)
-        elif (kind is str and item.isascii()) or item is None or kind is bool or (kind is int and -(2**63) <= item < 2**64):
+        if (kind is str and item.isascii()) or item is None or kind is bool or (kind is int and -(2**63) <= item < 2**64):
             continue
-        if not encoded and not key.isascii() and not _utf8_ok(key):
+        if not key.isascii() and not _utf8_ok(key):
             _raise([key], "key contains a lone surrogate", index)
-        found = _problem(item, 1, encoded)
+        found = _problem(item, 1)
+        if found is not None:
+            found[0].append(key)
+            _raise(*found, index)
+    return private
+
+
+def inspect_encoded(message: Mapping[str, Any], index: int) -> bool:
+    """:func:`inspect` of a mapping msgspec just encoded without error (the hot path of a flush)."""
+    private = False
+    for key, item in message.items():
+        if type(key) is not str:
+            _raise([key], f"key {key!r} is a {type(key).__name__}, not a str", index)
+        if key[:1] == "_":
+            private = True
+            continue
+        kind = type(item)
+        if kind is str or item is None or kind is bool or kind is int or (kind is float and item - item == 0.0):
+            continue  # the common leaves, without a call (x - x is 0.0 for finite floats only)
+        found = _problem(item, 1, True)
         if found is not None:
             found[0].append(key)
             _raise(*found, index)

@@ -205,6 +205,8 @@ def _extend(
     if not trust_identity and not seen:
         out.copies.extend([PENDING] * (len(raw) - len(out.copies)))
     copies_out = out.copies.append
+    if len(raw) - reuse >= BATCH_PATH and ephemeral is is_ephemeral and not copying and _extend_batch(out, reuse, parent, chain):
+        return out
     # The per-message loop of every flush: locals and inlined checks on purpose.
     encode, inspect, strip = codec.encode, codec.inspect, codec.strip
     default_rule = ephemeral is is_ephemeral
@@ -237,6 +239,44 @@ def _extend(
             parent = sha256(parent + digest).digest()
             nodes_out(parent)
     return out
+
+
+BATCH_PATH = 32
+"""From this many new messages, a flush first tries them as one batch (see :func:`_extend_batch`)."""
+
+
+def _extend_batch(out: Prepared, reuse: int, parent: bytes, chain: bool) -> bool:
+    """The per-message loop of :func:`_extend` as a few passes over all new messages, for the
+    common case of a large batch (an import, a resumed session): plain dicts, no ``_`` keys,
+    so nothing is scaffolding and each encoding is the canonical one.
+
+    Returns False, having changed nothing, when that is not the case; the loop then handles
+    every message.  Raises :class:`~eventlog.errors.InvalidMessageError` like the loop.
+    """
+    batch = out.raw[reuse:]
+    if not all([type(message) is dict for message in batch]):
+        return False
+    try:
+        bodies = [codec.encode(message) for message in batch]
+    except Exception:
+        return False
+    if not all(map(_FLAG_SET.isdisjoint, batch)):
+        return False
+    inspect = codec.inspect_encoded
+    if any([inspect(message, index) for index, message in enumerate(batch, reuse)]):
+        return False  # `_` keys: the loop strips them
+    digests = [sha256(body).digest() for body in bodies]
+    out.fast += bodies
+    out.flags += [False] * len(batch)
+    out.kept += range(reuse, len(out.raw))
+    out.bodies += bodies
+    out.digests += digests
+    if chain:
+        nodes_out = out.nodes.append
+        for digest in digests:
+            parent = sha256(parent + digest).digest()
+            nodes_out(parent)
+    return True
 
 
 class _Marker:

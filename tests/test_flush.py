@@ -489,3 +489,36 @@ def test_a_message_edited_while_it_is_being_flushed_is_caught_next_time(tmp_path
         result = log.flush("s", messages)
         assert log.messages("s")[1]["content"] == "streaming, more text"
         assert result.appended in (0, 1)
+
+
+def _batch(n, **extra):
+    return [{"role": "user" if i % 2 else "assistant", "content": f"m{i}", "n": i, "t": i / 3, **extra} for i in range(n)]
+
+
+def test_a_large_batch_hashes_exactly_as_message_by_message(monkeypatch):
+    from eventlog import snapshot
+
+    messages = _batch(100)
+    messages[7]["tool_calls"] = [{"id": "c", "function": {"name": "f", "arguments": "{}"}}]
+    fast = snapshot.prepare(messages, None)
+    monkeypatch.setattr(snapshot, "BATCH_PATH", 10**9)
+    slow = snapshot.prepare(messages, None)
+    assert (fast.kept, fast.bodies, fast.digests, fast.nodes, fast.flags) == (slow.kept, slow.bodies, slow.digests, slow.nodes, slow.flags)
+
+
+@pytest.mark.parametrize("odd", ["scaffolding", "private key", "invalid"])
+def test_a_large_batch_with_an_odd_message_keeps_every_rule(log, odd):
+    messages = _batch(60)
+    if odd == "scaffolding":
+        messages[40]["_thinking_prefill"] = True
+        log.flush("s", messages)
+        assert len(log.messages("s")) == 59
+    elif odd == "private key":
+        messages[40]["_sent_at"] = object()
+        log.flush("s", messages)
+        assert log.messages("s")[40] == {k: v for k, v in messages[40].items() if k != "_sent_at"}
+    else:
+        messages[40]["content"] = {1, 2}
+        with pytest.raises(InvalidMessageError, match=r"messages\[40\]\[\"content\"\]"):
+            log.flush("s", messages)
+        assert log.last_seq == 0
