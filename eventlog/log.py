@@ -256,7 +256,6 @@ class EventLog:
         # The cached entry is taken out while this flush extends it; a concurrent flush of
         # the same session finds none and hashes its list afresh.
         previous = self._cache.take(session_id)
-        known = len(previous.nodes) if previous is not None else -1  # (previous may be extended in place)
         try:
             prepared = prepare(
                 messages, previous, ephemeral=self._ephemeral, trust_identity=self._trust_identity, owned=True
@@ -269,22 +268,17 @@ class EventLog:
         try:
             notes = self._overrides(overrides, prepared)
             store = self._store
-            stored = max(0, known)
-            if len(prepared.nodes) <= known or not prepared.nodes:
-                # Most flushes change nothing (several exit paths flush the same list): decide
-                # that in a read transaction, with no write lock and no sync.  (A list that grew
-                # since this session's last flush goes straight to the write; should another
-                # process have stored it meanwhile, that write changes nothing and syncs nothing.)
-                with store.read() as txn:
-                    state = store.session(txn, session_id)
-                    if state is not None and len(prepared.nodes) == state.length and (
-                        state.length == 0 or prepared.nodes[-1] == state.head
-                    ) and not self._writer.pending_notes(txn, state, notes, prepared):
-                        return FlushResult(0, 0, state.length, _head_hex(state.length, state.head))
-                    if state is None and not prepared.nodes:
-                        return FlushResult(0, 0, 0, None)
-                    stored = state.length if state is not None else 0
-            store.reserve(sum(map(len, prepared.bodies[stored:])) + 200 * len(prepared.bodies))
+            # Most flushes change nothing (several exit paths flush the same list): decide
+            # that in a read transaction, with no write lock and no sync.
+            with store.read() as txn:
+                state = store.session(txn, session_id)
+                if state is not None and len(prepared.nodes) == state.length and (
+                    state.length == 0 or prepared.nodes[-1] == state.head
+                ) and not self._writer.pending_notes(txn, state, notes, prepared):
+                    return FlushResult(0, 0, state.length, _head_hex(state.length, state.head))
+                if state is None and not prepared.nodes:
+                    return FlushResult(0, 0, 0, None)
+            store.reserve(sum(map(len, prepared.bodies[state.length if state else 0 :])) + 200 * len(prepared.bodies))
             result = store.write(lambda txn: self._writer.flush(txn, session_id, prepared, notes, expected, replace))
         finally:
             self._cache.put(session_id, prepared)
