@@ -247,9 +247,10 @@ BATCH_PATH = 4
 
 
 def _extend_batch(out: Prepared, reuse: int, parent: bytes, chain: bool, copying: bool) -> bool:
-    """The per-message loop of :func:`_extend` as a few passes over all new messages, for the
-    common case of a large batch (an import, a resumed session): plain dicts, no ``_`` keys,
-    so nothing is scaffolding and each encoding is the canonical one.
+    """The per-message loop of :func:`_extend` as a few passes over all new messages (a turn,
+    an import), for the common case: plain dicts, no ``_`` keys, so nothing is scaffolding
+    and each encoding is the canonical one.  With ``copying``, every copy is taken before
+    any message is encoded.
 
     Returns False, having changed nothing, when that is not the case; the loop then handles
     every message.  Raises :class:`~eventlog.errors.InvalidMessageError` like the loop.

@@ -251,6 +251,7 @@ class Store:
         self._tail = (0, bytes(32))  # last committed event seen by this process: (seq, hash)
         # Synced commits write into space zeroed ahead of time (see _preallocate).
         self._zero_fd = os.open(data, os.O_WRONLY | getattr(os, "O_CLOEXEC", 0)) if sync and not readonly else None
+        self._page_size = self.env.stat()["psize"]
         self._zeroed = 0  # the data file's size after our last zeroing
         self._zero_retry = 0  # no zeroing before this many commits (after a failure)
         self._pending_tail: tuple[int, bytes] | None = None  # written by the open write transaction
@@ -545,8 +546,8 @@ class Store:
         file systems a sync that also has to record new blocks and a new file size costs
         a journal commit on top of the data write.  Writing into blocks that already
         exist does not, so the file is kept ahead of LMDB in zeroed blocks, in steps of
-        half its size up to :data:`ZERO_STEP` (measured: a full-sync commit of ten
-        messages about 20% cheaper).  Only zeros are written, only past the end of the
+        half its size up to :data:`ZERO_STEP` (measured: a commit of ten messages 12%
+        cheaper with full sync, 20% with process sync).  Only zeros are written, only past the end of the
         file, and only while this process holds LMDB's writer lock, so no page in use
         or being written is touched; the space is ordinary free space to LMDB.  A
         failure (a full disk) is left for LMDB's own write to report.
@@ -556,7 +557,7 @@ class Store:
         if self.commits < self._zero_retry:
             return
         info = self.env.info()
-        used = (info["last_pgno"] + 1) * PAGE
+        used = (info["last_pgno"] + 1) * self._page_size
         # Steps grow with the file (a small log stays small), up to ZERO_STEP.
         step = min(ZERO_STEP, max(ZERO_MIN_STEP, used // 2))
         if self._zeroed - used >= step // 4:

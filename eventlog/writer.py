@@ -257,24 +257,24 @@ class Writer:
             old_notes = self.notes_in(txn, state.number, k, length)
             self.tombstone(batch, session_id, state, k, reason)
         if len(nodes) > k:
-            bodies: list[bytes] = []
             carried: dict[int, tuple[int, int]] = {}
             batch_notes: dict[int, dict[str, Any]] = {}
-            positions = range(k, len(nodes)) if carry_from or notes else range(0)
-            if not positions:  # the common case: nothing carried, no overrides
+            if not carry_from and not notes:  # the common case: nothing carried, no overrides
                 bodies = prepared.bodies[k:]
-            for i, position in enumerate(positions):
-                where = carry_from.get(prepared.digests[position])
-                if where is None:
-                    bodies.append(prepared.bodies[position])
-                else:
-                    bodies.append(b"")
-                    carried[i] = (where[0], where[1])
-                note = notes.get(position)
-                if note is None and where is not None and where[2] in old_notes:
-                    note = old_notes[where[2]][1]  # a carried message keeps its display override
-                if note is not None:
-                    batch_notes[i] = note
+            else:
+                bodies = []
+                for i, position in enumerate(range(k, len(nodes))):
+                    where = carry_from.get(prepared.digests[position])
+                    if where is None:
+                        bodies.append(prepared.bodies[position])
+                    else:
+                        bodies.append(b"")
+                        carried[i] = (where[0], where[1])
+                    note = notes.get(position)
+                    if note is None and where is not None and where[2] in old_notes:
+                        note = old_notes[where[2]][1]  # a carried message keeps its display override
+                    if note is not None:
+                        batch_notes[i] = note
             self.append_messages(batch, session_id, state, bodies, prepared.digests[k:], nodes[k:], carried, batch_notes, summaries)
         for position, note in sorted(annotate.items()):
             batch.emit(ev.MessageAnnotated(session=session_id, position=position, node=nodes[position], override=note), state)
