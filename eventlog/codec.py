@@ -22,6 +22,8 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping
 from hashlib import sha256
+from itertools import chain, compress, repeat
+from operator import is_
 from typing import Any
 
 import msgspec
@@ -111,6 +113,49 @@ def inspect_encoded(message: Mapping[str, Any], index: int) -> bool:
             found[0].append(key)
             _raise(*found, index)
     return private
+
+
+_LEAVES = frozenset({str, type(None), bool, int})
+_PLAIN = _LEAVES | {float, list, tuple, dict}
+
+
+def plain_batch(messages: list[dict[str, Any]]) -> bool:
+    """Whether :func:`inspect_encoded` would pass every one of ``messages`` and find no ``_`` key.
+
+    ``messages`` are plain dicts msgspec just encoded without error.  This is that
+    check for a whole batch (a turn, an import) in a few passes over each level of
+    nesting, with the loops in C: distinct keys, then the set of value types.  False
+    only means "not shown here" (a ``_`` key, a float, a container subclass, a
+    problem): the caller then inspects each message, which names the problem.
+    """
+    for key in set().union(*messages):
+        if type(key) is not str or key[:1] == "_":
+            return False
+    values = list(chain.from_iterable(map(dict.values, messages)))
+    depth = 1  # of the values at hand, as in _problem
+    while values:
+        types = list(map(type, values))
+        kinds = set(types)
+        if kinds <= _LEAVES:
+            return True
+        if not kinds <= _PLAIN or depth >= MAX_DEPTH:
+            return False
+        if float in kinds and not all(map(math.isfinite, compress(values, map(is_, types, repeat(float))))):
+            return False
+        nested: list[Any] = []
+        if dict in kinds:
+            dicts = list(compress(values, map(is_, types, repeat(dict))))
+            for key in set().union(*dicts):
+                if type(key) is not str:
+                    return False
+            nested += chain.from_iterable(map(dict.values, dicts))
+        if list in kinds:
+            nested += chain.from_iterable(compress(values, map(is_, types, repeat(list))))
+        if tuple in kinds:
+            nested += chain.from_iterable(compress(values, map(is_, types, repeat(tuple))))
+        values = nested
+        depth += 1
+    return True
 
 
 def content_digest(data: bytes) -> bytes:

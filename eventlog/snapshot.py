@@ -245,6 +245,8 @@ BATCH_PATH = 4
 """From this many new messages (a turn has about ten), a flush first tries them as one batch (see
 :func:`_extend_batch`): measured cheaper than the per-message loop from about four."""
 
+_DIGEST = type(sha256()).digest
+
 
 def _extend_batch(out: Prepared, reuse: int, parent: bytes, chain: bool, copying: bool) -> bool:
     """The per-message loop of :func:`_extend` as a few passes over all new messages (a turn,
@@ -252,23 +254,20 @@ def _extend_batch(out: Prepared, reuse: int, parent: bytes, chain: bool, copying
     and each encoding is the canonical one.  With ``copying``, every copy is taken before
     any message is encoded.
 
-    Returns False, having changed nothing, when that is not the case; the loop then handles
-    every message.  Raises :class:`~eventlog.errors.InvalidMessageError` like the loop.
+    Returns False, having changed nothing, when that is not the case or a message is not
+    JSON-like; the loop then handles every message (and names the problem).
     """
     batch = out.raw[reuse:]
     if not all([type(message) is dict for message in batch]):
         return False
     copies = [copy_message(message) for message in batch] if copying else None  # before encoding
     try:
-        bodies = [codec.encode(message) for message in batch]
+        bodies = list(map(codec.encode, batch))
     except Exception:
         return False
-    if not all(map(_FLAG_SET.isdisjoint, batch)):
+    if not codec.plain_batch(batch):  # also refuses `_` keys, so the scaffolding flags
         return False
-    inspect = codec.inspect_encoded
-    if any([inspect(message, index) for index, message in enumerate(batch, reuse)]):
-        return False  # `_` keys: the loop strips them
-    digests = [sha256(body).digest() for body in bodies]
+    digests = list(map(_DIGEST, map(sha256, bodies)))
     if copies is not None:
         out.copies += copies
     out.fast += bodies
@@ -338,7 +337,11 @@ def copy_message(message: Any) -> Any:
     ``copy == message`` is then True exactly when nothing was changed in place
     (a false "changed" only costs a re-encoding): the comparison walks the containers
     in C and, for the strings that are still the very same objects, compares
-    pointers.  Numbers are wrapped in :class:`_Number`.  Returns :data:`UNCOPYABLE`
+    pointers.  Numbers are wrapped in :class:`_Number`, except floats with a fraction
+    (timestamps): no int, bool or other float equals one, so they are shared like the
+    strings and compared in C, a quarter of the cost of a timestamped message's check
+    (as for strings, a non-JSON number of the very same value, a ``Decimal`` or
+    ``Fraction``, put in place of one is not told apart).  Returns :data:`UNCOPYABLE`
     for a message holding anything else (possible under ``_`` keys), or nested
     deeper than :data:`~eventlog.codec.MAX_DEPTH`.
     """
@@ -362,6 +365,8 @@ def _copy(value: Any, depth: int) -> Any:
         return [item if type(item) is str or item is None else _copy(item, depth + 1) for item in value]
     if kind is tuple:
         return tuple([item if type(item) is str or item is None else _copy(item, depth + 1) for item in value])
+    if kind is float and value % 1.0:
+        return value  # only a float of the same value equals it (see copy_message)
     if kind is int or kind is float or kind is bool:
         return _Number(value)
     raise _Uncopyable

@@ -96,3 +96,74 @@ def test_deep_nesting_is_limited():
 
 def test_tuples_come_back_as_lists():
     assert codec.decode(codec.canonical({"args": (1, "a")}, 0)) == {"args": [1, "a"]}
+
+
+class _Text(str):
+    pass
+
+
+odd_leaves = (
+    st.binary(max_size=3)
+    | st.just(math.nan)
+    | st.just(-math.inf)
+    | st.frozensets(st.integers(0, 3), max_size=2)
+    | st.builds(_Text, st.text(max_size=3))
+    | st.datetimes()
+)
+any_values = st.recursive(
+    st.none() | st.booleans() | st.integers(-(2**63), 2**64 - 1) | st.floats() | st.text() | odd_leaves,
+    lambda children: st.lists(children, max_size=3)
+    | st.lists(children, max_size=3).map(tuple)
+    | st.dictionaries(st.text(max_size=4) | st.integers(0, 3), children, max_size=3),
+    max_leaves=12,
+)
+any_messages = st.dictionaries(st.text(max_size=6), any_values, max_size=5)
+
+
+@given(st.lists(any_messages, min_size=1, max_size=6))
+def test_a_batch_shown_plain_passes_every_check_of_each_message(batch):
+    try:
+        for message in batch:
+            codec.encode(message)
+    except Exception:
+        return  # plain_batch is only asked about what msgspec encoded
+    if codec.plain_batch(batch):
+        for index, message in enumerate(batch):
+            assert codec.inspect(message, index) is False  # valid, and no `_` key
+
+
+@given(st.lists(messages, min_size=1, max_size=6))
+def test_a_batch_of_plain_messages_is_shown_plain(batch):
+    assert codec.plain_batch(batch)
+
+
+@pytest.mark.parametrize(
+    "odd",
+    [
+        {"_note": "x"},
+        {"t": math.nan},
+        {"t": [1.0, math.inf]},
+        {"meta": {1: "x"}},
+        {"meta": [{"k": b"bytes"}]},
+        {"args": ({"a": datetime.datetime(2024, 1, 1)},)},
+        {"text": _Text("x")},
+    ],
+)
+def test_a_batch_with_one_odd_message_is_not_shown_plain(odd):
+    batch = [{"role": "user", "content": "hi", "t": 1.5}, {"role": "assistant", "tool_calls": [{"function": {"name": "f"}}]}]
+    assert codec.plain_batch(batch)
+    assert not codec.plain_batch([*batch, {"role": "tool", **odd}])
+
+
+@pytest.mark.parametrize("depth", [codec.MAX_DEPTH - 1, codec.MAX_DEPTH])
+def test_a_batch_is_shown_plain_exactly_up_to_the_nesting_limit(depth):
+    value: object = "leaf"
+    for _ in range(depth):
+        value = [value]
+    try:
+        codec.inspect({"content": value}, 0)
+        valid = True
+    except InvalidMessageError:
+        valid = False
+    assert valid is (depth < codec.MAX_DEPTH)
+    assert codec.plain_batch([{"content": value}]) is valid

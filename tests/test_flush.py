@@ -349,7 +349,7 @@ def test_large_flush_is_split_into_bounded_events_in_one_transaction(log):
 
 def _numbers_message():
     return {"role": "tool", "tool_call_id": "c1", "content": [{"type": "text", "text": "ok"}],
-            "n": 1, "x": 0.0, "ok": False, "pair": ("a", "b"),
+            "n": 1, "x": 0.0, "ok": False, "pair": ("a", "b"), "t": 1717200007.5,
             "tool_calls": [{"id": "c1", "function": {"name": "f", "arguments": "{}"}}]}
 
 
@@ -364,6 +364,8 @@ IN_PLACE_EDITS = {
     "int to float": _set("n", 1.0),
     "bool to int": _set("ok", 0),
     "zero to minus zero": _set("x", -0.0),
+    "timestamp changed": _set("t", 1717200007.75),
+    "timestamp to text": _set("t", "1717200007.5"),
     "nested string": lambda m: m["tool_calls"][0]["function"].__setitem__("arguments", '{"a": 1}'),
     "nested list grows": lambda m: m["content"].append({"type": "text", "text": "more"}),
     "key added": _set("name", "x"),
@@ -396,6 +398,7 @@ def test_equal_replacements_in_place_write_nothing(log, copied):
     messages[1]["pair"] = ["a", "b"]  # a list where a tuple was: the same canonical bytes
     messages[1]["content"] = "".join(["o", "k"]) and copy.deepcopy(messages[1]["content"])  # equal, new objects
     messages[1]["_note"] = object()  # a process-local annotation
+    messages[1]["t"] = float("1717200007.5")  # an equal timestamp, a new object
     assert log.flush("s", messages).appended == 0
     assert log.flush("s", messages).appended == 0
 
