@@ -498,10 +498,11 @@ def _batch(n, **extra):
     return [{"role": "user" if i % 2 else "assistant", "content": f"m{i}", "n": i, "t": i / 3, **extra} for i in range(n)]
 
 
-def test_a_large_batch_hashes_exactly_as_message_by_message(monkeypatch):
+@pytest.mark.parametrize("size", [12, 100], ids=["turn", "import"])
+def test_a_large_batch_hashes_exactly_as_message_by_message(monkeypatch, size):
     from eventlog import snapshot
 
-    messages = _batch(100)
+    messages = _batch(size)
     messages[7]["tool_calls"] = [{"id": "c", "function": {"name": "f", "arguments": "{}"}}]
     fast = snapshot.prepare(messages, None)
     monkeypatch.setattr(snapshot, "BATCH_PATH", 10**9)
@@ -509,19 +510,24 @@ def test_a_large_batch_hashes_exactly_as_message_by_message(monkeypatch):
     assert (fast.kept, fast.bodies, fast.digests, fast.nodes, fast.flags) == (slow.kept, slow.bodies, slow.digests, slow.nodes, slow.flags)
 
 
+@pytest.mark.parametrize("size", [12, 60], ids=["turn", "import"])
 @pytest.mark.parametrize("odd", ["scaffolding", "private key", "invalid"])
-def test_a_large_batch_with_an_odd_message_keeps_every_rule(log, odd):
-    messages = _batch(60)
+def test_a_large_batch_with_an_odd_message_keeps_every_rule(log, odd, size):
+    from eventlog import snapshot
+
+    assert snapshot.BATCH_PATH <= 12 < snapshot.PLAIN_BATCH <= 60  # each size takes its own path
+    messages = _batch(size)
+    k = size - 5
     if odd == "scaffolding":
-        messages[40]["_thinking_prefill"] = True
+        messages[k]["_thinking_prefill"] = True
         log.flush("s", messages)
-        assert len(log.messages("s")) == 59
+        assert len(log.messages("s")) == size - 1
     elif odd == "private key":
-        messages[40]["_sent_at"] = object()
+        messages[k]["_sent_at"] = object()
         log.flush("s", messages)
-        assert log.messages("s")[40] == {k: v for k, v in messages[40].items() if k != "_sent_at"}
+        assert log.messages("s")[k] == {key: v for key, v in messages[k].items() if key != "_sent_at"}
     else:
-        messages[40]["content"] = {1, 2}
-        with pytest.raises(InvalidMessageError, match=r"messages\[40\]\[\"content\"\]"):
+        messages[k]["content"] = {1, 2}
+        with pytest.raises(InvalidMessageError, match=rf"messages\[{k}\]\[\"content\"\]"):
             log.flush("s", messages)
         assert log.last_seq == 0
