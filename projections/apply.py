@@ -14,6 +14,8 @@ gives the same tables as a rebuild.
 from __future__ import annotations
 
 import sqlite3
+import threading
+from collections.abc import Callable
 from typing import Any, Final
 
 from eventlog import codec
@@ -112,6 +114,57 @@ ROWS_PER_WRITE: Final = 5000
 """Appended rows are written with one ``executemany`` per this many rows."""
 
 
+class Connection:
+    """The applier's connection: statements run one at a time, in order, and
+    :meth:`later` runs one on a helper thread while the caller goes on.
+
+    A rebuild indexes one bulk of rows for search (a single long statement, run by
+    SQLite without the GIL) while it derives the next bulk in Python; every other
+    statement first waits for the helper, and so does :meth:`settle`.
+    """
+
+    def __init__(self, db: sqlite3.Connection) -> None:
+        self.db = db
+        self._helper: threading.Thread | None = None
+        self._error: BaseException | None = None
+
+    def execute(self, sql: str, params: Any = ()) -> sqlite3.Cursor:
+        self.wait()
+        return self.db.execute(sql, params)
+
+    def executemany(self, sql: str, rows: Any) -> sqlite3.Cursor:
+        self.wait()
+        return self.db.executemany(sql, rows)
+
+    def later(self, sql: str, params: Any = ()) -> None:
+        self.wait()
+
+        def run() -> None:
+            try:
+                self.db.execute(sql, params)
+            except BaseException as e:  # handed to the caller by wait()
+                self._error = e
+
+        self._helper = threading.Thread(target=run, name="projection-index", daemon=True)
+        self._helper.start()
+
+    def wait(self) -> None:
+        """Wait for the helper's statement; raise its error, if any."""
+        if self._helper is not None:
+            self._helper.join()
+            self._helper = None
+        error, self._error = self._error, None
+        if error is not None:
+            raise error
+
+    def settle(self) -> None:
+        """Wait for the helper, keeping quiet about its error (the caller is failing already)."""
+        try:
+            self.wait()
+        except BaseException:
+            pass
+
+
 class Applier:
     """Applies records to the tables through ``db``, inside one open transaction.
 
@@ -120,11 +173,15 @@ class Applier:
     below it are removed from the index when they are tombstoned or re-displayed.
 
     ``fresh``: the tables were empty when the transaction began (a rebuild), so a
-    session not seen yet does not exist and is not looked up.
+    session not seen yet does not exist and is not looked up.  ``background``: bulks
+    of rows are indexed on a helper thread while the next bulk is derived (see
+    :class:`Connection`); :meth:`finish` waits for it, and a caller that fails
+    before must :meth:`settle` before it rolls back.
     """
 
-    def __init__(self, db: sqlite3.Connection, indexed_upto: int, *, fresh: bool = False) -> None:
-        self.db = db
+    def __init__(self, db: sqlite3.Connection, indexed_upto: int, *, fresh: bool = False, background: bool = False) -> None:
+        self.db = Connection(db)
+        self.background = background
         self.indexed_upto = indexed_upto
         self.fresh = fresh
         self.rows: list[tuple[Any, ...]] = []
@@ -155,11 +212,16 @@ class Applier:
             raise ProjectionCorruptError(f"event {record.seq}: unknown kind {kind.__name__}")
 
     def finish(self) -> None:
-        """Write buffered rows and the touched sessions."""
+        """Write buffered rows and the touched sessions; the connection is free when it returns."""
         self._write_rows()
         if self.touched:
             self.db.executemany(SAVE_SESSION, [self.sessions[sid] for sid in sorted(self.touched)])
             self.touched.clear()
+        self.db.wait()
+
+    def settle(self) -> None:
+        """Wait for the helper thread without raising (before rolling back after an error)."""
+        self.db.settle()
 
     # -- events ----------------------------------------------------------------
 
@@ -350,15 +412,16 @@ class Applier:
         self.db.executemany(INSERT_ROW, self.rows)
         self.rows.clear()
         if index:
-            self.indexed_upto = index_pending(self.db, self.indexed_upto)
+            self.indexed_upto = index_pending(self.db, self.indexed_upto, self.db.later if self.background else None)
 
 
-def index_pending(db: sqlite3.Connection, indexed_upto: int) -> int:
+def index_pending(db: sqlite3.Connection | Connection, indexed_upto: int, run: Callable[[str, Any], object] | None = None) -> int:
     """Add the live rows above ``indexed_upto`` to the search index; return the new mark.
 
-    Runs inside the caller's transaction, which also records the returned mark.
+    Runs inside the caller's transaction, which also records the returned mark; ``run``
+    executes the indexing statement (``db.execute`` by default).
     """
     top = db.execute("SELECT max(id) FROM messages").fetchone()[0] or 0
     if top > indexed_upto:
-        db.execute(INDEX_PENDING, (indexed_upto,))
+        (run or db.execute)(INDEX_PENDING, (indexed_upto,))
     return max(top, indexed_upto)

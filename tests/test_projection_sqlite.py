@@ -6,6 +6,8 @@ import json
 import re
 import sqlite3
 import threading
+import time
+import types
 from pathlib import Path
 from typing import Any
 
@@ -307,6 +309,113 @@ def test_rebuild_is_one_transaction(tmp_path: Path, log: EventLog, proj: SQLiteP
     with pytest.raises(OSError):
         proj.rebuild(Failing(log, 1))
     assert [r["content"] for r in proj.messages("s")] == ["old"]  # the old projection is intact
+
+
+def _journal_during_rebuild(proj: SQLiteProjection, monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    seen: list[str] = []
+    inner = proj._rebuild
+
+    def spy(log: Any) -> int:
+        seen.append(proj._db.execute("PRAGMA journal_mode").fetchone()[0])
+        return inner(log)
+
+    monkeypatch.setattr(proj, "_rebuild", spy)
+    return seen
+
+
+def test_rebuild_alone_writes_past_the_wal_and_returns_to_it(tmp_path: Path, log: EventLog, proj: SQLiteProjection, monkeypatch: pytest.MonkeyPatch) -> None:
+    log.flush("s", [user("one"), assistant("two")])
+    seen = _journal_during_rebuild(proj, monkeypatch)
+    proj.rebuild(log)
+    assert seen == ["delete"]
+    assert proj._db.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
+    assert proj._db.execute("PRAGMA synchronous").fetchone()[0] == 1  # NORMAL again
+    assert [r["content"] for r in proj.search("two")] == ["two"]
+
+
+def test_rebuild_beside_a_reader_keeps_the_wal_and_its_snapshot(tmp_path: Path, log: EventLog, proj: SQLiteProjection, monkeypatch: pytest.MonkeyPatch) -> None:
+    log.flush("s", [user("old")])
+    proj.catch_up(log)
+    log.flush("s", [user("old"), assistant("new")])
+    reader = sqlite3.connect(proj.path, isolation_level=None)
+    reader.execute("BEGIN")
+    assert reader.execute("SELECT count(*) FROM messages").fetchone()[0] == 1
+    seen = _journal_during_rebuild(proj, monkeypatch)
+    proj.rebuild(log)  # does not wait for the reader
+    assert seen == ["wal"]
+    assert reader.execute("SELECT count(*) FROM messages").fetchone()[0] == 1  # its snapshot
+    reader.execute("COMMIT")
+    assert reader.execute("SELECT count(*) FROM messages").fetchone()[0] == 2
+    reader.close()
+
+
+class _LateThread(threading.Thread):
+    """A helper thread that starts its work late: whoever does not wait for it races it."""
+
+    def run(self) -> None:
+        time.sleep(0.05)
+        super().run()
+
+
+def _late_helpers(monkeypatch: pytest.MonkeyPatch) -> None:
+    from projections import apply
+
+    monkeypatch.setattr(apply, "ROWS_PER_WRITE", 1)  # a bulk, and a helper, per event
+    monkeypatch.setattr(apply, "threading", types.SimpleNamespace(Thread=_LateThread))
+
+
+def _index_is_sound(proj: SQLiteProjection) -> None:
+    for thread in threading.enumerate():
+        if thread.name == "projection-index":
+            thread.join()  # one left behind would write after us
+    proj._db.execute("INSERT INTO messages_fts (messages_fts, rank) VALUES ('integrity-check', 1)")
+
+
+def test_a_rebuild_waits_for_its_index_helper(tmp_path: Path, log: EventLog, proj: SQLiteProjection, monkeypatch: pytest.MonkeyPatch) -> None:
+    for turn in range(1, 8):
+        log.flush("s", [user(f"m{i}") for i in range(turn)])
+    _late_helpers(monkeypatch)
+    proj.rebuild(log)
+    _index_is_sound(proj)
+    assert [r["position"] for r in proj.search("m3")] == [3]
+    with SQLiteProjection(tmp_path / "inc.db") as inc:
+        inc.catch_up(log)
+    assert dump(proj.path) == dump(tmp_path / "inc.db")
+
+
+@pytest.mark.parametrize("where", ["index", "rows"])
+def test_a_rebuild_failing_beside_its_index_helper_leaves_the_old_projection(
+    tmp_path: Path, log: EventLog, proj: SQLiteProjection, monkeypatch: pytest.MonkeyPatch, where: str
+) -> None:
+    from projections import apply
+
+    for turn in range(1, 8):
+        log.flush("s", [user(f"m{i}") for i in range(turn)])
+    proj.catch_up(log)
+    before = dump(proj.path)
+    _late_helpers(monkeypatch)
+    if where == "index":
+        monkeypatch.setattr(apply, "INDEX_PENDING", apply.INDEX_PENDING.replace("tool_text FROM", "no_such_column FROM"))
+        with pytest.raises(ProjectionError, match="no_such_column"):
+            proj.rebuild(log)
+    else:  # the rows of the last event cannot be derived, while the previous event's are indexed
+        derive = apply.derive
+
+        def failing(message: dict[str, Any], override: Any) -> Any:
+            if message["content"] == "m6":
+                raise ValueError("underivable")
+            return derive(message, override)
+
+        monkeypatch.setattr(apply, "derive", failing)
+        with pytest.raises(ValueError, match="underivable"):
+            proj.rebuild(log)
+    assert not [t for t in threading.enumerate() if t.name == "projection-index"]
+    _index_is_sound(proj)
+    assert proj._db.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
+    assert dump(proj.path) == before
+    monkeypatch.undo()
+    proj.rebuild(log)
+    assert [r["content"] for r in proj.messages("s")] == [f"m{i}" for i in range(7)]
 
 
 def test_closed_projection_raises(tmp_path: Path, log: EventLog) -> None:
