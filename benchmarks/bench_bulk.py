@@ -136,6 +136,7 @@ def _sqlite_floor(root: Path, rebuilt: Path, repeats: int, count: int) -> dict[s
                 db.execute(INDEX_PENDING, (at,))
             db.execute("COMMIT")
             samples.append(now_ns() - start)
+        assert db.execute("SELECT count(*) FROM messages").fetchone()[0] == len(prebuilt)
         target.close()
     row = {"system": "floor: SQLite alone, the same rows prebuilt (rows + FTS5)", "durability": "-", "messages": count}
     row.update(summary(samples, count))

@@ -128,8 +128,10 @@ def plain_batch(messages: list[dict[str, Any]]) -> bool:
     only means "not shown here" (a ``_`` key, a float, a container subclass, a
     problem): the caller then inspects each message, which names the problem.
     """
+    if not _all_str(messages):
+        return False
     for key in set().union(*messages):
-        if type(key) is not str or key[:1] == "_":
+        if key[:1] == "_":
             return False
     values = list(chain.from_iterable(map(dict.values, messages)))
     depth = 1  # of the values at hand, as in _problem
@@ -145,9 +147,8 @@ def plain_batch(messages: list[dict[str, Any]]) -> bool:
         nested: list[Any] = []
         if dict in kinds:
             dicts = list(compress(values, map(is_, types, repeat(dict))))
-            for key in set().union(*dicts):
-                if type(key) is not str:
-                    return False
+            if not _all_str(dicts):
+                return False
             nested += chain.from_iterable(map(dict.values, dicts))
         if list in kinds:
             nested += chain.from_iterable(compress(values, map(is_, types, repeat(list))))
@@ -156,6 +157,15 @@ def plain_batch(messages: list[dict[str, Any]]) -> bool:
         values = nested
         depth += 1
     return True
+
+
+def _all_str(dicts: list[dict[Any, Any]]) -> bool:
+    """Whether every key of every dict is a plain ``str`` (type by type: a set of the keys
+    would merge a ``str`` subclass into the equal ``str``)."""
+    return set(map(type, chain.from_iterable(dicts))) <= _STR
+
+
+_STR = frozenset({str})
 
 
 def content_digest(data: bytes) -> bytes:

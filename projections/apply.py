@@ -158,11 +158,22 @@ class Connection:
             raise error
 
     def settle(self) -> None:
-        """Wait for the helper, keeping quiet about its error (the caller is failing already)."""
-        try:
-            self.wait()
-        except BaseException:
-            pass
+        """Wait for the helper, keeping quiet about its error (the caller is failing already).
+
+        An interrupt while waiting is raised once the helper is done (its statement ends
+        within a bulk's time): the connection must be free before the caller rolls back.
+        """
+        interrupted: BaseException | None = None
+        while self._helper is not None:
+            try:
+                self._helper.join()
+            except BaseException as e:
+                interrupted = e
+            else:
+                self._helper = None
+        self._error = None
+        if interrupted is not None:
+            raise interrupted
 
 
 class Applier:

@@ -66,6 +66,7 @@ class SQLiteProjection:
         self.batch = batch
         self._lock = threading.RLock()
         self._wait: Callable[[float | None], bool] | None = None
+        self._wal_pending = False  # a rebuild could not return to WAL mode yet
         try:
             self._db = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False, timeout=BUSY_TIMEOUT)
         except sqlite3.Error as e:
@@ -156,27 +157,31 @@ class SQLiteProjection:
                     self._index(force=False)
             return applied
 
-    def rebuild(self, log: EventLog) -> int:
+    def rebuild(self, log: EventLog, *, exclusive: bool | None = None) -> int:
         """Drop every table and project ``log`` from its first event; return the events applied.
 
         All of it is one transaction: readers see the old projection until the new one
         is complete.  The database adopts ``log``'s id, whichever log it projected before.
 
-        When no other connection has the file open, the rebuild takes it for itself, in
-        rollback-journal mode: the new pages are written once into the database instead
-        of into the WAL and then again by a checkpoint (a sixth of a rebuild's time).
-        Connections opened meanwhile wait for it as for any writer (the busy timeout is
-        60 s).  The file is back in WAL mode when it returns.
+        ``exclusive``: whether the rebuild may take the file for itself when no other
+        connection has it open.  It then runs in rollback-journal mode, and the new pages
+        are written once, into the database, instead of into the WAL and again by the
+        checkpoint after the commit (a sixth of the time); but connections that open the
+        file meanwhile cannot read from its first large write until it commits (they wait
+        up to their busy timeout, 60 s for a projection).  By default only a projection
+        with nothing applied yet is taken so: readers have nothing to see meanwhile.  The
+        file is back in WAL mode when it returns.
         """
         with self._lock, self._translate():
-            alone = self._journal_alone()
+            if exclusive is None:
+                exclusive = self._checkpoint()[1] == 0
+            alone = exclusive and self._journal_alone()
             try:
                 with self._write():
                     return self._rebuild(log)
             finally:
                 if alone:
-                    self._db.execute("PRAGMA journal_mode = WAL")
-                    self._db.execute("PRAGMA synchronous = NORMAL")
+                    self._back_to_wal()
 
     def _rebuild(self, log: EventLog) -> int:
         """The body of :meth:`rebuild`, inside its transaction."""
@@ -326,6 +331,17 @@ class SQLiteProjection:
         self._db.execute("PRAGMA synchronous = FULL")  # NORMAL is only safe with the WAL
         return True
 
+    def _back_to_wal(self) -> None:
+        """Return to WAL mode after :meth:`_journal_alone`; while a reader's lock prevents it,
+        the next write tries again."""
+        try:
+            mode = self._db.execute("PRAGMA journal_mode = WAL").fetchone()[0]
+        except sqlite3.OperationalError:
+            mode = None
+        self._wal_pending = mode != "wal"
+        if not self._wal_pending:
+            self._db.execute("PRAGMA synchronous = NORMAL")
+
     def _claim(self, log_id: str) -> None:
         """Record ``log_id`` as the projected log, or refuse another one (inside the open transaction)."""
         owner = self._checkpoint()[0]
@@ -383,15 +399,18 @@ class SQLiteProjection:
 
     @contextmanager
     def _write(self) -> Iterator[None]:
-        """A ``BEGIN IMMEDIATE`` transaction: commits on success, rolls back on any error."""
+        """A ``BEGIN IMMEDIATE`` transaction: commits on success, rolls back on any error
+        (a commit that fails too: a rollback-journal commit waits for readers, and may time out)."""
+        if self._wal_pending:
+            self._back_to_wal()
         self._db.execute("BEGIN IMMEDIATE")
         try:
             yield
+            self._db.execute("COMMIT")
         except BaseException:
             if self._db.in_transaction:
                 self._db.execute("ROLLBACK")
             raise
-        self._db.execute("COMMIT")
 
     @contextmanager
     def _translate(self) -> Iterator[None]:

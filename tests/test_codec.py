@@ -114,10 +114,10 @@ any_values = st.recursive(
     st.none() | st.booleans() | st.integers(-(2**63), 2**64 - 1) | st.floats() | st.text() | odd_leaves,
     lambda children: st.lists(children, max_size=3)
     | st.lists(children, max_size=3).map(tuple)
-    | st.dictionaries(st.text(max_size=4) | st.integers(0, 3), children, max_size=3),
+    | st.dictionaries(st.text(max_size=4) | st.integers(0, 3) | st.builds(_Text, st.text(max_size=1)), children, max_size=3),
     max_leaves=12,
 )
-any_messages = st.dictionaries(st.text(max_size=6), any_values, max_size=5)
+any_messages = st.dictionaries(st.text(max_size=2) | st.builds(_Text, st.text(max_size=1)), any_values, max_size=5)
 
 
 @given(st.lists(any_messages, min_size=1, max_size=6))
@@ -147,12 +147,15 @@ def test_a_batch_of_plain_messages_is_shown_plain(batch):
         {"meta": [{"k": b"bytes"}]},
         {"args": ({"a": datetime.datetime(2024, 1, 1)},)},
         {"text": _Text("x")},
+        {_Text("role"): "tool"},  # equal to the key "role" of the first message, but not a str
+        {"meta": {_Text("role"): 1}},
     ],
 )
 def test_a_batch_with_one_odd_message_is_not_shown_plain(odd):
     batch = [{"role": "user", "content": "hi", "t": 1.5}, {"role": "assistant", "tool_calls": [{"function": {"name": "f"}}]}]
     assert codec.plain_batch(batch)
-    assert not codec.plain_batch([*batch, {"role": "tool", **odd}])
+    assert not codec.plain_batch([*batch, {"name": "x", **odd}])
+    assert not codec.plain_batch([*batch, {"meta": {"role": 0}}, {**odd}])
 
 
 @pytest.mark.parametrize("depth", [codec.MAX_DEPTH - 1, codec.MAX_DEPTH])

@@ -333,6 +333,45 @@ def test_rebuild_alone_writes_past_the_wal_and_returns_to_it(tmp_path: Path, log
     assert [r["content"] for r in proj.search("two")] == ["two"]
 
 
+def test_rebuild_of_a_projection_in_use_keeps_the_wal_unless_told(tmp_path: Path, log: EventLog, proj: SQLiteProjection, monkeypatch: pytest.MonkeyPatch) -> None:
+    log.flush("s", [user("one")])
+    proj.catch_up(log)  # something for readers to see: by default a rebuild keeps them reading
+    seen = _journal_during_rebuild(proj, monkeypatch)
+    proj.rebuild(log)
+    proj.rebuild(log, exclusive=True)
+    assert seen == ["wal", "delete"]
+    assert proj._db.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
+
+
+def test_an_exclusive_rebuild_whose_commit_a_reader_blocks_rolls_back(tmp_path: Path, log: EventLog, monkeypatch: pytest.MonkeyPatch) -> None:
+    from projections import sqlite as module
+
+    monkeypatch.setattr(module, "BUSY_TIMEOUT", 0.2)
+    proj = SQLiteProjection(tmp_path / "p.db")
+    log.flush("s", [user("old")])
+    proj.catch_up(log)
+    log.flush("s", [user("old"), assistant("new")])
+    reader = sqlite3.connect(proj.path, isolation_level=None)
+    inner = proj._rebuild
+
+    def rebuild_read_meanwhile(log: Any) -> int:
+        reader.execute("BEGIN")  # a reader arriving after the switch: it holds the file's shared lock
+        assert reader.execute("SELECT count(*) FROM messages").fetchone()[0] == 1
+        return inner(log)
+
+    monkeypatch.setattr(proj, "_rebuild", rebuild_read_meanwhile)
+    with pytest.raises(ProjectionError, match="locked"):
+        proj.rebuild(log, exclusive=True)  # the commit waits for the reader, then gives up
+    assert not proj._db.in_transaction
+    assert reader.execute("SELECT count(*) FROM messages").fetchone()[0] == 1
+    reader.execute("COMMIT")
+    reader.close()
+    proj.catch_up(log)  # the file returns to WAL mode first, then the projection goes on
+    assert proj._db.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
+    assert [r["content"] for r in proj.messages("s")] == ["old", "new"]
+    proj.close()
+
+
 def test_rebuild_beside_a_reader_keeps_the_wal_and_its_snapshot(tmp_path: Path, log: EventLog, proj: SQLiteProjection, monkeypatch: pytest.MonkeyPatch) -> None:
     log.flush("s", [user("old")])
     proj.catch_up(log)
@@ -383,9 +422,10 @@ def test_a_rebuild_waits_for_its_index_helper(tmp_path: Path, log: EventLog, pro
     assert dump(proj.path) == dump(tmp_path / "inc.db")
 
 
+@pytest.mark.parametrize("exclusive", [False, True], ids=["wal", "journal"])
 @pytest.mark.parametrize("where", ["index", "rows"])
 def test_a_rebuild_failing_beside_its_index_helper_leaves_the_old_projection(
-    tmp_path: Path, log: EventLog, proj: SQLiteProjection, monkeypatch: pytest.MonkeyPatch, where: str
+    tmp_path: Path, log: EventLog, proj: SQLiteProjection, monkeypatch: pytest.MonkeyPatch, where: str, exclusive: bool
 ) -> None:
     from projections import apply
 
@@ -397,7 +437,7 @@ def test_a_rebuild_failing_beside_its_index_helper_leaves_the_old_projection(
     if where == "index":
         monkeypatch.setattr(apply, "INDEX_PENDING", apply.INDEX_PENDING.replace("tool_text FROM", "no_such_column FROM"))
         with pytest.raises(ProjectionError, match="no_such_column"):
-            proj.rebuild(log)
+            proj.rebuild(log, exclusive=exclusive)
     else:  # the rows of the last event cannot be derived, while the previous event's are indexed
         derive = apply.derive
 
@@ -408,7 +448,7 @@ def test_a_rebuild_failing_beside_its_index_helper_leaves_the_old_projection(
 
         monkeypatch.setattr(apply, "derive", failing)
         with pytest.raises(ValueError, match="underivable"):
-            proj.rebuild(log)
+            proj.rebuild(log, exclusive=exclusive)
     assert not [t for t in threading.enumerate() if t.name == "projection-index"]
     _index_is_sound(proj)
     assert proj._db.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
