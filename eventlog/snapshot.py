@@ -274,6 +274,8 @@ def _extend_batch(out: Prepared, reuse: int, parent: bytes, chain: bool, copying
         if not codec.plain_batch(batch):  # also refuses `_` keys, so the scaffolding flags
             return False
     else:
+        if not all(map(_FLAG_SET.isdisjoint, batch)):
+            return False  # scaffolding: the loop drops it before any check
         inspect = codec.inspect_encoded
         if any([inspect(message, index) for index, message in enumerate(batch, reuse)]):
             return False  # `_` keys: the loop strips them

@@ -329,6 +329,7 @@ class SQLiteProjection:
         if mode != "delete":  # an in-memory database has no WAL to leave
             return False
         self._db.execute("PRAGMA synchronous = FULL")  # NORMAL is only safe with the WAL
+        self._wal_pending = False  # the caller returns to WAL mode itself
         return True
 
     def _back_to_wal(self) -> None:
