@@ -123,6 +123,63 @@ def test_projection_killed_mid_catch_up_applies_each_event_once(tmp_path: Path) 
     assert harness._tables(db) == harness._tables(rebuilt)
 
 
+REBUILDER = """
+import sys, time
+from eventlog import EventLog
+from projections import SQLiteProjection
+
+class Slow:  # the log's events, at a pace that leaves time to kill the rebuild midway
+    def __init__(self, log):
+        self.log, self.id = log, log.id
+    def events(self, after=0):
+        for record in self.log.events(after=after):
+            time.sleep(0.001)
+            yield record
+
+with EventLog.open(sys.argv[1]) as log:
+    p = SQLiteProjection(sys.argv[2])
+    p._db.execute("PRAGMA cache_size = 50")  # a small cache: pages spill into the file early
+    print("ready", flush=True)
+    p.rebuild(Slow(log), exclusive=True)
+    print("done", flush=True)
+"""
+
+
+@needs_projection
+def test_an_exclusive_rebuild_killed_midway_leaves_the_old_projection(tmp_path: Path) -> None:
+    path, db = tmp_path / "log", tmp_path / "p.db"
+    with EventLog.open(path, durability="none") as log:
+        for s in range(100):  # an event per message: about 2 s of rebuild at the child's pace
+            transcript: list[dict[str, object]] = []
+            for i in range(20):
+                transcript.append(harness.message_for(f"s{s}|0|{i}"))
+                log.flush(f"s{s}", transcript)
+        with SQLiteProjection(db) as projection:
+            projection.catch_up(log)
+        last = log.last_seq
+    before = harness._tables(db)
+    def left_wal() -> bool:  # bytes 18-19 of the header: 2 in WAL mode, 1 with a rollback journal
+        return db.read_bytes()[18:20] == b"\x01\x01"
+
+    with Child(REBUILDER, str(path), str(db)) as child:
+        child.wait_ready()
+        deadline = time.monotonic() + 20
+        while not left_wal() and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert left_wal(), "the rebuild never left WAL mode"
+        time.sleep(0.3)  # well into the rebuild: pages of the new projection are in the file
+        assert child.popen.poll() is None, "the rebuild finished before the kill; the test proves nothing"
+        child.kill()
+    with EventLog.open(path) as log, SQLiteProjection(db) as projection:  # rolls the hot journal back
+        assert projection._db.execute("PRAGMA integrity_check").fetchone()[0] == "ok"
+        projection._db.execute("INSERT INTO messages_fts (messages_fts, rank) VALUES ('integrity-check', 1)")
+        assert projection._db.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
+        assert harness._tables(db) == before
+        assert projection.last_seq == last
+        assert projection.rebuild(log, exclusive=True) == last
+    assert harness._tables(db) == before
+
+
 # -- locks and reader slots left by dead processes -------------------------------
 
 HOLD_WRITE = """
