@@ -475,7 +475,7 @@ class _CountingLog:
             self._advance(record.seq)
 
 
-def _project(db: str | None, *, rebuild: bool, as_json: bool) -> None:
+def _project(db: str | None, *, rebuild: bool, as_json: bool, exclusive: bool = False) -> None:
     log_path = _settings().log_path
     target = db or _default_db(log_path)
     with _open_log() as log:
@@ -487,7 +487,7 @@ def _project(db: str | None, *, rebuild: bool, as_json: bool) -> None:
             with _progress() as bar:
                 task = bar.add_task("rebuild" if rebuild else "project", total=max(total, 1), completed=min(start, total))
                 counting = _CountingLog(log, lambda seq: bar.update(task, completed=seq))
-                applied = projection.rebuild(counting) if rebuild else projection.catch_up(counting)
+                applied = projection.rebuild(counting, exclusive=exclusive or None) if rebuild else projection.catch_up(counting)
                 bar.update(task, completed=max(total, 1))
             seconds = time.perf_counter() - started
         finally:
@@ -514,14 +514,21 @@ def project(db: str | None, as_json: bool) -> None:
 
 @cli.command()
 @click.argument("db", required=False, metavar="[DB]", envvar="EVENTLOG_DB")
+@click.option(
+    "--exclusive",
+    is_flag=True,
+    help="Take DB for itself while it runs, when nothing else has it open: faster, but readers that open it meanwhile wait until it commits.",
+)
 @click.option("--json", "as_json", is_flag=True, help="Print the outcome as JSON.")
-def rebuild(db: str | None, as_json: bool) -> None:
+def rebuild(db: str | None, exclusive: bool, as_json: bool) -> None:
     """Re-project the whole log into DB, from the first event.
 
     DB defaults to $EVENTLOG_DB, else the log path plus .sqlite. Replaces whatever DB
-    held, even a projection of another log, in one transaction.
+    held, even a projection of another log, in one transaction. Readers keep seeing the
+    old projection until it commits, unless --exclusive (the default for a DB with nothing
+    projected yet).
     """
-    _project(db, rebuild=True, as_json=as_json)
+    _project(db, rebuild=True, as_json=as_json, exclusive=exclusive)
 
 
 @cli.command()

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import sqlite3
 import os
 import subprocess
 import sys
@@ -364,6 +365,27 @@ def test_project_then_search_then_rebuild(logdir, tmp_path):
     assert hits == []  # the branch shares positions 0..2 only
     rebuilt = json.loads(run("rebuild", str(db), "--json", log=logdir).stdout)
     assert rebuilt["applied"] == total
+
+
+def test_rebuild_takes_the_db_for_itself_only_when_told(logdir, tmp_path, monkeypatch):
+    from projections import SQLiteProjection
+
+    db = tmp_path / "t.sqlite"
+    assert run("project", str(db), log=logdir).exit_code == 0
+    asked = []
+    rebuild = SQLiteProjection.rebuild
+
+    def spy(self, log, *, exclusive=None):
+        asked.append(exclusive)
+        return rebuild(self, log, exclusive=exclusive)
+
+    monkeypatch.setattr(SQLiteProjection, "rebuild", spy)
+    assert run("rebuild", str(db), log=logdir).exit_code == 0
+    assert run("rebuild", str(db), "--exclusive", log=logdir).exit_code == 0
+    assert asked == [None, True]  # None: the projection decides (only a new one is taken)
+    hits = json.loads(run("search", "memory-mapped", "--db", str(db), "--json", log=logdir).stdout)
+    assert {(h["session_id"], h["position"]) for h in hits} == {("chat", 3), ("chat", 4)}
+    assert sqlite3.connect(db).execute("PRAGMA journal_mode").fetchone()[0] == "wal"
 
 
 def test_search_uses_the_default_db_next_to_the_log(logdir):
