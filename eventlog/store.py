@@ -75,6 +75,9 @@ ZERO_STEP = 8 * MIB
 """Zeroing steps: half the data file's size, between these bounds; a new step starts when less
 than a quarter of one is left."""
 _ZEROS = bytes(MIB)
+_ZERO_VIEW = memoryview(_ZEROS)  # slices without copies
+EVENT_BUFFER_KEEP = 4 * MIB
+"""A store keeps the buffer it encodes events into for the next event while it stays this small."""
 PAGE = 4096
 MARKER = "eventlog.id"
 """A file written beside the LMDB files once the log exists (its id in hex): with it, an empty
@@ -255,6 +258,7 @@ class Store:
         self._zeroed = 0  # the data file's size after our last zeroing
         self._zero_retry = 0  # no zeroing before this many commits (after a failure)
         self._pending_tail: tuple[int, bytes] | None = None  # written by the open write transaction
+        self._event_buffer = bytearray()  # see Batch.emit
         try:
             self.log_id = self._init_meta() if not readonly else self._read_log_id()
             if not readonly and not os.path.exists(marker):
@@ -750,11 +754,26 @@ class Batch:
         self.seq, self.hash = store.tail(txn)
         self.now = time.time_ns()
 
-    def emit(self, event: ev.AnyEvent, state: SessionState) -> int:
+    def emit(self, event: ev.AnyEvent, state: SessionState, size: int = 0) -> int:
+        """Append ``event`` to the transaction; ``size`` is about how many bytes its encoding
+        takes, when the caller knows it (a batch of message bodies)."""
         seq = self.seq + 1
-        raw = bytearray(HEADER.size)  # envelope and event in one buffer: no copies of the bodies
+        # The envelope and the event are encoded into one buffer (no copy of the bodies),
+        # and the store keeps that buffer from one event to the next.  A fresh buffer per
+        # event grows by reallocations up to the event's size and is freed after it: for
+        # the megabyte of a bulk flush, the C allocator hands that memory back to the
+        # system and faults it in again at every flush (measured: a fifth of the cost of
+        # an import in a fresh process).  The buffer is first filled up to ``size``,
+        # because the encoder takes a buffer's length as its room: a shorter one it
+        # would first shrink, to the length of the last event.
+        raw = self.store._event_buffer
+        want = HEADER.size + size
+        while len(raw) < want:
+            raw += _ZERO_VIEW[: want - len(raw)]
         HEADER.pack_into(raw, 0, self.hash, self.now, ev.KIND[type(event)], state.number, state.last_seq)
         ev.encoder.encode_into(event, raw, HEADER.size)
+        if len(raw) > EVENT_BUFFER_KEEP:
+            self.store._event_buffer = bytearray()  # a rare, large event: its memory goes back
         key = SEQ.pack(seq)
         if not self.txn.put(key, raw, db=self.store.events, append=True, overwrite=False):
             raise CorruptLogError(f"{self.store.path}: event {seq} already exists")

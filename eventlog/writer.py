@@ -380,6 +380,7 @@ class Writer:
                 summaries=summaries,
             ),
             state,
+            sum(map(len, bodies)) + 80 * len(bodies),  # each body, its digest and node, framing
         )
         number, pack_link, base = state.number, LINK.pack, state.length
         prefix, pack_position = chain_key(number, 0)[:9], SEQ.pack

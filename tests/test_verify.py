@@ -103,3 +103,32 @@ def test_durability_modes_open_and_verify(tmp_path, mode):
     with EventLog.open(tmp_path / mode, durability=mode) as log:
         log.flush("s", [user("x")])
         assert log.durability == mode and log.verify().ok
+
+
+def test_events_of_every_size_in_turn_are_stored_exactly(tmp_path):
+    """The buffer events are encoded into is reused: after a large event, a small one or a
+    larger one must hold its own bytes and nothing of the one before."""
+    from eventlog import events as ev
+    from eventlog.store import EVENT_BUFFER_KEEP, HEADER
+
+    path = tmp_path / "l"
+    sizes = [(1500, 900), (3, 10), (40, 2_000), (1, 5), (1024, EVENT_BUFFER_KEEP // 900), (2, 50), (300, 700)]
+    with EventLog.open(path, durability="none") as log:
+        for i, (count, chars) in enumerate(sizes):
+            log.append(f"s{i % 3}", [user(f"{i}.{j} " + "x" * chars) for j in range(count)])
+        assert log.verify().ok
+        expected = {f"s{i}": [] for i in range(3)}
+        for i, (count, chars) in enumerate(sizes):
+            expected[f"s{i % 3}"] += [f"{i}.{j} " + "x" * chars for j in range(count)]
+        for sid, contents in expected.items():
+            assert [m["content"] for m in log.messages(sid)] == contents
+    env = lmdb.open(str(path), max_dbs=8, readonly=True, lock=False)
+    try:
+        with env.begin() as txn:
+            stored = list(txn.cursor(db=env.open_db(b"events", txn=txn)))
+    finally:
+        env.close()
+    assert len(stored) > len(sizes)
+    for key, raw in stored:
+        event = ev.decoder.decode(raw[HEADER.size :])
+        assert len(raw) == HEADER.size + len(ev.encoder.encode(event)), f"event {key.hex()} has bytes it should not"
