@@ -12,7 +12,7 @@ from . import codec
 from .errors import InvalidMessageError
 from .projector import Projection, Projector, bind
 from .replay import BodyReader, Occurrence, fill, paused_gc, repair, replay
-from .snapshot import Prepared, SnapshotCache, is_ephemeral, prepare
+from .snapshot import ChangedSince, Prepared, SnapshotCache, is_ephemeral, prepare, release
 from .store import Record, Store, iter_events
 from .verify import VerifyReport, verify
 from .writer import EMPTY_HEAD, SUMMARY_KEY, FlushResult, Writer, _head_hex
@@ -275,15 +275,35 @@ class EventLog:
                 if state is not None and len(prepared.nodes) == state.length and (
                     state.length == 0 or prepared.nodes[-1] == state.head
                 ) and not self._writer.pending_notes(txn, state, notes, prepared):
+                    release(prepared)  # all of it is stored
                     return FlushResult(0, 0, state.length, _head_hex(state.length, state.head))
                 if state is None and not prepared.nodes:
                     return FlushResult(0, 0, 0, None)
-            store.reserve(sum(map(len, prepared.bodies[state.length if state else 0 :])) + 200 * len(prepared.bodies))
-            result = store.write(lambda txn: self._writer.flush(txn, session_id, prepared, notes, expected, replace))
+            try:
+                result = self._write_flush(session_id, prepared, notes, expected, replace, state.length if state else 0)
+            except ChangedSince:
+                # A message the cache had let go of changed in place meanwhile: hash the list afresh.
+                prepared = prepare(messages, None, ephemeral=self._ephemeral, trust_identity=self._trust_identity)
+                notes = self._overrides(overrides, prepared)
+                result = self._write_flush(session_id, prepared, notes, expected, replace, 0)
+            release(prepared)  # the list is now the stored transcript
         finally:
             self._cache.put(session_id, prepared)
         self._after_write()
         return result
+
+    def _write_flush(
+        self,
+        session_id: str,
+        prepared: Prepared,
+        notes: dict[int, dict[str, Any]],
+        expected: bytes | None,
+        replace: bool,
+        stored: int,
+    ) -> FlushResult:
+        """The write of :meth:`flush`, with room reserved for the bodies after the ``stored`` ones."""
+        self._store.reserve(sum(map(len, filter(None, prepared.bodies[stored:]))) + 200 * len(prepared.bodies))
+        return self._store.write(lambda txn: self._writer.flush(txn, session_id, prepared, notes, expected, replace))
 
     def append(
         self,

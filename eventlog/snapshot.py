@@ -4,7 +4,8 @@
 chains its node digest.  Agent loops flush the same, growing list again and again,
 so per session the last flushed list is remembered in a :class:`SnapshotCache`:
 strong references to the caller's objects (so an ``id()`` can never be recycled
-while it is cached) with each message's canonical bytes and node digest.
+while it is cached) with each message's digests, and its canonical bytes until
+they are stored (see :func:`release`).
 
 - Default mode: the message at each position flushed before (the same dict, or a
   fresh one) is compared with a *copy* of the containers of the message flushed
@@ -29,7 +30,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from hashlib import sha256
 from math import copysign
-from typing import Any
+from typing import Any, Final
 
 from . import codec
 from .codec import MAX_DEPTH, ZERO
@@ -64,13 +65,15 @@ class Prepared:
     """
 
     kept: list[int]
-    bodies: list[bytes]
+    bodies: list[bytes | None]
+    """Per kept message, its canonical bytes; None for those before ``released`` (see :func:`release`)."""
     digests: list[bytes]
     nodes: list[bytes]
     raw: list[Any] = field(default_factory=list)
     """The caller's list as flushed (strong references), for the cache."""
     fast: list[bytes | None] = field(default_factory=list)
-    """Per caller index: the encoding of the message as given (with ``_`` keys), None if not encodable."""
+    """Per caller index: the encoding of the message as given (with ``_`` keys), None if not
+    encodable, :data:`RELEASED` once it was the body and was let go."""
     flags: list[bool] = field(default_factory=list)
     """Per caller index: whether the message was scaffolding."""
     copies: list[Any] = field(default_factory=list)
@@ -78,6 +81,8 @@ class Prepared:
     :data:`PENDING` until a later flush has checked the message against ``fast`` (a session
     flushed once, like a bulk import, never pays for copies), or :data:`UNCOPYABLE`
     (default mode only)."""
+    released: int = 0
+    """The bodies of the kept messages before this index were let go: they are stored."""
 
 
 class SnapshotCache:
@@ -172,6 +177,7 @@ def prepare(
         kept_reused = bisect_left(previous.kept, reuse)  # kept indices below `reuse`
         out.kept = previous.kept[:kept_reused]
         out.bodies = previous.bodies[:kept_reused]
+        out.released = min(previous.released, kept_reused)
         out.digests = previous.digests[:kept_reused]
         out.nodes = previous.nodes[:kept_reused]
         out.fast = previous.fast[:reuse]
@@ -295,6 +301,57 @@ def _extend_batch(out: Prepared, reuse: int, parent: bytes, chain: bool, copying
     return True
 
 
+RELEASED: Final = b""
+"""In ``Prepared.fast``: the encoding was the message's body and was let go with it; the
+digest stands for it (no message encodes to no bytes)."""
+
+
+class ChangedSince(Exception):
+    """A message whose body the cache let go no longer encodes to its digest: it was changed
+    in place after it was checked (during the flush, or against a trust-mode promise)."""
+
+
+def release(prepared: Prepared) -> None:
+    """Let go of the bodies of ``prepared``'s messages: the caller has just seen them stored.
+
+    A cached list then holds each message's digests and copies, not a second copy of its
+    bytes (for a bulk import, most of the memory the cache would hold).  A body needed
+    again, when the stored transcript was rewound under the cache, is encoded again by
+    :func:`bodies_from` and checked against its digest.
+    """
+    start, stop = prepared.released, len(prepared.bodies)
+    if start >= stop:
+        return
+    kept, fast, bodies = prepared.kept, prepared.fast, prepared.bodies
+    first, last = kept[start], kept[stop - 1] + 1
+    if last - first == stop - start and fast[first:last] == bodies[start:stop]:
+        fast[first:last] = [RELEASED] * (stop - start)  # the common case, compared by pointer in C
+    else:
+        for j in range(start, stop):
+            if fast[kept[j]] == bodies[j]:  # not for a message with `_` keys or scaffolding
+                fast[kept[j]] = RELEASED
+    bodies[start:stop] = [None] * (stop - start)
+    prepared.released = stop
+
+
+def bodies_from(prepared: Prepared, start: int, stop: int | None = None) -> list[bytes]:
+    """``prepared.bodies[start:stop]``, with the bodies let go encoded again.
+
+    Raises :class:`ChangedSince` when one of them no longer matches its digest.
+    """
+    out = prepared.bodies[start:stop]
+    for j in range(start, min(prepared.released, start + len(out))):
+        message = prepared.raw[prepared.kept[j]]
+        try:
+            body = codec.canonical(message, prepared.kept[j])
+        except Exception as e:
+            raise ChangedSince from e
+        if sha256(body).digest() != prepared.digests[j]:
+            raise ChangedSince
+        out[j - start] = body
+    return out  # type: ignore[return-value]
+
+
 class _Marker:
     """A placeholder in a list of copies; it equals nothing but itself, so a list comparison stops at it."""
 
@@ -412,7 +469,12 @@ def _reusable(raw: list[Any], previous: Prepared | None, trust_identity: bool, o
             current: bytes | None = encode(message)
         except Exception:  # an unencodable `_` value: only hashing it again can tell
             current = None
-        if current is None or current != fast[start]:
+        known = fast[start]
+        if known == RELEASED:
+            unchanged = current is not None and sha256(current).digest() == previous.digests[bisect_left(previous.kept, start)]
+        else:
+            unchanged = current is not None and current == known
+        if not unchanged:
             return start
         # Unchanged since it was flushed: from now on a comparison checks it.  (Writing into
         # the cached list is safe: it only ever gains copies.)

@@ -20,7 +20,7 @@ from . import codec
 from . import events as ev
 from .codec import ZERO, node_digest
 from .errors import ConflictError, HistoryMismatchError, UnknownSessionError
-from .snapshot import Prepared
+from .snapshot import Prepared, bodies_from
 from .store import LINK, SEQ, Batch, SessionState, Store, chain_key, note_key
 
 EMPTY_HEAD = "0" * 64
@@ -260,13 +260,13 @@ class Writer:
             carried: dict[int, tuple[int, int]] = {}
             batch_notes: dict[int, dict[str, Any]] = {}
             if not carry_from and not notes:  # the common case: nothing carried, no overrides
-                bodies = prepared.bodies[k:]
+                bodies = bodies_from(prepared, k)
             else:
                 bodies = []
                 for i, position in enumerate(range(k, len(nodes))):
                     where = carry_from.get(prepared.digests[position])
                     if where is None:
-                        bodies.append(prepared.bodies[position])
+                        bodies += bodies_from(prepared, position, position + 1)
                     else:
                         bodies.append(b"")
                         carried[i] = (where[0], where[1])

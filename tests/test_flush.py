@@ -532,3 +532,54 @@ def test_a_large_batch_with_an_odd_message_keeps_every_rule(log, odd, size):
         with pytest.raises(InvalidMessageError, match=rf"messages\[{k}\]\[\"content\"\]"):
             log.flush("s", messages)
         assert log.last_seq == 0
+
+
+
+def rewind_elsewhere(path, session_id: str, to: int) -> None:
+    """Rewind the session from another process: this one's cache does not hear of it."""
+    from crashkit import run_python
+
+    done = run_python(
+        """
+        import sys
+        from eventlog import EventLog
+        with EventLog.open(sys.argv[1]) as log:
+            log.rewind(sys.argv[2], to=int(sys.argv[3]))
+        """,
+        str(path), session_id, str(to),
+    )
+    assert done.returncode == 0, done.stderr
+
+
+@pytest.mark.parametrize("trust", [False, True], ids=["default", "trust"])
+@pytest.mark.parametrize("size", [12, 100], ids=["turn", "import"])
+def test_a_cached_list_lets_go_of_stored_bodies_and_encodes_them_again_after_a_rewind(tmp_path, trust, size):
+    """The cache holds no second copy of a stored message's bytes; when another process
+    rewinds the log under it, flushing the same list writes those messages again, from
+    their dicts."""
+    with EventLog.open(tmp_path / "l", trust_identity=trust) as log:
+        messages = [user(f"q{i}") if i % 2 == 0 else assistant(f"a{i}") for i in range(size)]
+        log.flush("s", messages)
+        cached = log._cache.get("s")
+        assert cached is not None and cached.bodies == [None] * size
+        rewind_elsewhere(tmp_path / "l", "s", 3)
+        result = log.flush("s", messages)
+        assert (result.appended, result.tombstoned) == (size - 3, 0)
+        assert log.messages("s") == messages
+        assert stored_bodies(log) == 2 * size - 3
+        assert log.verify().ok
+        assert log._cache.get("s").bodies == [None] * size
+
+
+def test_a_message_changed_behind_a_trust_promise_is_stored_as_it_now_is(tmp_path):
+    """Trust mode reuses a flushed dict without looking inside; if the log needs its body again
+    and it no longer matches its digest, the list is hashed afresh, never stored half old."""
+    with EventLog.open(tmp_path / "l", trust_identity=True) as log:
+        messages = [user("q1"), assistant("a1"), user("q2"), assistant("a2")]
+        log.flush("s", messages)
+        rewind_elsewhere(tmp_path / "l", "s", 1)
+        messages[2]["content"] = "changed in place"
+        assert log.flush("s", messages).appended == 3
+        assert log.messages("s") == messages
+        assert log.verify().ok
+        assert log.flush("s", messages).appended == 0
