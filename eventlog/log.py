@@ -264,7 +264,10 @@ class EventLog:
             if previous is not None:
                 self._cache.put(session_id, previous)
             raise
-        # Whatever happens next, ``prepared`` is what this list hashes to: cache it.
+        # Whatever happens next, ``prepared`` is what this list hashes to: cache it, unless the
+        # flush is interrupted (Ctrl-C): a group commit may then still be running its write
+        # with ``prepared``, and no other flush may take it from the cache and extend it meanwhile.
+        interrupted = False
         try:
             notes = self._overrides(overrides, prepared)
             store = self._store
@@ -287,8 +290,14 @@ class EventLog:
                 notes = self._overrides(overrides, prepared)
                 result = self._write_flush(session_id, prepared, notes, expected, replace, 0)
             release(prepared)  # the list is now the stored transcript
+        except Exception:
+            raise
+        except BaseException:
+            interrupted = True
+            raise
         finally:
-            self._cache.put(session_id, prepared)
+            if not interrupted:
+                self._cache.put(session_id, prepared)
         self._after_write()
         return result
 
@@ -302,7 +311,10 @@ class EventLog:
         stored: int,
     ) -> FlushResult:
         """The write of :meth:`flush`, with room reserved for the bodies after the ``stored`` ones."""
-        self._store.reserve(sum(map(len, filter(None, prepared.bodies[stored:]))) + 200 * len(prepared.bodies))
+        nbytes = sum(map(len, filter(None, prepared.bodies[stored:]))) + 200 * len(prepared.bodies)
+        if stored < prepared.released:  # bodies let go will be encoded again: count them at their average size
+            nbytes += prepared.released_bytes * (prepared.released - stored) // prepared.released
+        self._store.reserve(nbytes)
         return self._store.write(lambda txn: self._writer.flush(txn, session_id, prepared, notes, expected, replace))
 
     def append(

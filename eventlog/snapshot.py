@@ -83,6 +83,8 @@ class Prepared:
     (default mode only)."""
     released: int = 0
     """The bodies of the kept messages before this index were let go: they are stored."""
+    released_bytes: int = 0
+    """How many bytes those bodies held (to reserve room when they are needed again)."""
 
 
 class SnapshotCache:
@@ -178,6 +180,8 @@ def prepare(
         out.kept = previous.kept[:kept_reused]
         out.bodies = previous.bodies[:kept_reused]
         out.released = min(previous.released, kept_reused)
+        if previous.released:
+            out.released_bytes = previous.released_bytes * out.released // previous.released
         out.digests = previous.digests[:kept_reused]
         out.nodes = previous.nodes[:kept_reused]
         out.fast = previous.fast[:reuse]
@@ -330,8 +334,9 @@ def release(prepared: Prepared) -> None:
         for j in range(start, stop):
             if fast[kept[j]] == bodies[j]:  # not for a message with `_` keys or scaffolding
                 fast[kept[j]] = RELEASED
+    prepared.released_bytes += sum(map(len, bodies[start:stop]))
+    prepared.released = stop  # first: a body still held below it is only encoded again
     bodies[start:stop] = [None] * (stop - start)
-    prepared.released = stop
 
 
 def bodies_from(prepared: Prepared, start: int, stop: int | None = None) -> list[bytes]:
@@ -341,6 +346,8 @@ def bodies_from(prepared: Prepared, start: int, stop: int | None = None) -> list
     """
     out = prepared.bodies[start:stop]
     for j in range(start, min(prepared.released, start + len(out))):
+        if out[j - start] is not None:
+            continue
         message = prepared.raw[prepared.kept[j]]
         try:
             body = codec.canonical(message, prepared.kept[j])

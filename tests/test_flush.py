@@ -583,3 +583,62 @@ def test_a_message_changed_behind_a_trust_promise_is_stored_as_it_now_is(tmp_pat
         assert log.messages("s") == messages
         assert log.verify().ok
         assert log.flush("s", messages).appended == 0
+
+
+def test_an_interrupt_anywhere_in_letting_bodies_go_leaves_the_cache_sound(tmp_path):
+    """Ctrl-C can land between any two lines of ``release``: whatever it leaves in the cache,
+    the next flush after a rewind under it still stores every message, whole."""
+    import inspect
+    import sys
+
+    from eventlog import snapshot
+
+    lines, first = inspect.getsourcelines(snapshot.release)
+    for at in range(first + 1, first + len(lines)):
+
+        def tracer(frame, event, arg, at=at):
+            if frame.f_code is not snapshot.release.__code__:
+                return None
+
+            def local(frame, event, arg):
+                if event == "line" and frame.f_lineno == at:
+                    sys.settrace(None)
+                    raise KeyboardInterrupt  # as a signal handler would, between two lines
+                return local
+
+            return local
+
+        with EventLog.open(tmp_path / f"l{at}", durability="none") as log:
+            messages = [user(f"q{i}") if i % 2 == 0 else assistant(f"a{i}") for i in range(6)]
+            sys.settrace(tracer)
+            try:
+                log.flush("s", messages)
+            except KeyboardInterrupt:
+                pass
+            finally:
+                sys.settrace(None)
+            log._store.write(lambda txn: log._writer.rewind(txn, "s", 2))  # as another process would
+            assert log.flush("s", messages).appended == 4
+            assert log.messages("s") == messages
+            assert log.verify().ok
+
+
+def test_an_interrupted_write_leaves_its_list_out_of_the_cache(log, monkeypatch):
+    """A caller interrupted while its write waits in a group commit may see the leader run that
+    write later, with the prepared list: no other flush may take that list from the cache."""
+    messages = [user("q1"), assistant("a1")]
+    log.flush("s", messages)
+    messages.append(user("q2"))
+    write = log._store.write
+
+    def interrupted(body):
+        write(body)  # the leader commits it after the caller has stopped waiting
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(log._store, "write", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        log.flush("s", messages)
+    monkeypatch.undo()
+    assert log._cache.get("s") is None
+    assert log.flush("s", messages).appended == 0
+    assert log.messages("s") == messages
