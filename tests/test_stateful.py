@@ -134,6 +134,17 @@ class LogMachine(RuleBasedStateMachine):
         self.log.rewind(session, to=to)
         self.replace_list(session, [dict(m) for m in live[:to]])
 
+    @rule(session=st.sampled_from(SESSIONS), data=st.data())
+    def rewound_elsewhere_then_flush(self, session, data):
+        """Another process rewinds the log under this one's snapshot cache (this log is not
+        told); the agent then flushes its unchanged list, which must be stored whole again."""
+        current = self.lists.get(session)
+        if session not in self.log or not current:
+            return
+        to = data.draw(st.integers(0, len(self.model(session))))
+        self.log._store.write(lambda txn: self.log._writer.rewind(txn, session, to))
+        self.log.flush(session, current)
+
     @rule(session=st.sampled_from(SESSIONS), data=st.data(), text=texts)
     def compact(self, session, data, text):
         if session not in self.log:
