@@ -534,7 +534,6 @@ def test_a_large_batch_with_an_odd_message_keeps_every_rule(log, odd, size):
         assert log.last_seq == 0
 
 
-
 def rewind_elsewhere(path, session_id: str, to: int) -> None:
     """Rewind the session from another process: this one's cache does not hear of it."""
     from crashkit import run_python
