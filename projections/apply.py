@@ -23,7 +23,7 @@ from eventlog import events as ev
 from eventlog.store import Record
 
 from .errors import ProjectionCorruptError
-from .rows import DERIVED, derive, from_json, to_json
+from .rows import DERIVED, add_counter, derive, from_json, to_json
 
 ROW_COLUMNS: Final = (
     "session_id",
@@ -339,7 +339,7 @@ class Applier:
         if event.counters:
             counters = from_json(session[COUNTERS])
             for key, value in event.counters.items():
-                counters[key] = counters.get(key, 0) + value
+                counters[key] = add_counter(counters.get(key), value)
                 if key in COUNTER_COLUMNS:
                     session[SESSION_COLUMNS.index(key)] = counters[key]
             session[COUNTERS] = to_json(counters)

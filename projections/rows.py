@@ -19,6 +19,8 @@ Rules:
 
 from __future__ import annotations
 
+import math
+import sys
 from typing import Any, Final
 
 import msgspec
@@ -106,13 +108,36 @@ def text_or_json(value: Any) -> str | None:
     return to_json(value)
 
 
+INT64_MIN: Final = -(1 << 63)
+INT64_MAX: Final = (1 << 63) - 1
+
+
 def scalar(value: Any) -> Any:
-    """A value SQLite can store as it is (str, int, float, NULL); containers become JSON."""
-    if value is None or type(value) in (str, int, float):
+    """A value SQLite can store as it is (str, int, float, NULL); containers become JSON.
+
+    The log takes integers up to 2**64 - 1, SQLite's up to 2**63 - 1: a larger one is
+    stored as its decimal text (the row's ``message`` JSON keeps the number).
+    """
+    kind = type(value)
+    if value is None or kind is str or kind is float:
         return value
-    if type(value) is bool:
+    if kind is int:
+        return value if INT64_MIN <= value <= INT64_MAX else str(value)
+    if kind is bool:
         return int(value)
     return to_json(value)
+
+
+def add_counter(total: Any, value: int | float) -> int | float:
+    """``total + value`` for a session counter, kept to what SQLite and JSON can hold.
+
+    An integer sum past 64 bits becomes a float; a float sum saturates at the largest
+    finite float instead of reaching infinity (which JSON cannot write).
+    """
+    result = (total or 0) + value
+    if type(result) is int:
+        return result if INT64_MIN <= result <= INT64_MAX else float(result)
+    return result if math.isfinite(result) else math.copysign(sys.float_info.max, result)
 
 
 def text_of(content: Any) -> str | None:

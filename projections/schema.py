@@ -13,7 +13,7 @@ from __future__ import annotations
 import sqlite3
 from typing import Final
 
-from .errors import SchemaVersionError
+from .errors import ProjectionError, SchemaVersionError
 
 VERSION: Final = 1
 
@@ -139,10 +139,21 @@ def drop(db: sqlite3.Connection) -> None:
             db.execute(f"DROP {kind[0].upper()} {name}")
 
 
+def refuse_foreign(db: sqlite3.Connection, path: str) -> None:
+    """Raise :class:`ProjectionError` for a database that holds tables but no projection
+    schema version: another application's file, which must be left as it is."""
+    if version(db) == 0 and db.execute("SELECT count(*) FROM sqlite_master").fetchone()[0]:
+        raise ProjectionError(
+            f"{path}: not a transcript projection (it holds tables but no projection schema "
+            "version); give the projection a file of its own"
+        )
+
+
 def migrate(db: sqlite3.Connection, path: str) -> None:
     """Bring the schema to :data:`VERSION` in one ``BEGIN IMMEDIATE`` transaction.
 
-    Raises :class:`SchemaVersionError` when the file was written by a newer version.
+    Raises :class:`SchemaVersionError` when the file was written by a newer version, and
+    :class:`ProjectionError` when it is not a projection at all (see :func:`refuse_foreign`).
     """
     if version(db) == VERSION:
         return
@@ -154,7 +165,7 @@ def migrate(db: sqlite3.Connection, path: str) -> None:
                 f"{path}: projection schema version {current} is newer than this code's {VERSION}"
             )
         if current == 0:
-            drop(db)
+            refuse_foreign(db, path)
             create(db)
             current = VERSION
         while current < VERSION:

@@ -71,18 +71,23 @@ class SQLiteProjection:
             self._db = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False, timeout=BUSY_TIMEOUT)
         except sqlite3.Error as e:
             raise ProjectionError(f"{self.path}: cannot open the projection ({e})") from e
-        with self._translate():
-            # Rows hold the message twice (text projection and JSON), about 2 KB: with
-            # 16 KiB pages they pack six to a page instead of one to a 4 KiB page, and
-            # bulk writes and commits cost a third less.  Only a new file takes it.
-            self._db.execute("PRAGMA page_size = 16384")
-            self._db.execute("PRAGMA journal_mode = WAL")
-            # The log is the source of truth: losing the last commits in a power cut only
-            # moves the checkpoint back, and catch-up replays them.
-            self._db.execute("PRAGMA synchronous = NORMAL")
-            self._db.execute("PRAGMA cache_size = -65536")
-            self._db.execute("PRAGMA temp_store = MEMORY")
-            schema.migrate(self._db, self.path)
+        try:
+            with self._translate():
+                schema.refuse_foreign(self._db, self.path)  # before a pragma changes the file
+                # Rows hold the message twice (text projection and JSON), about 2 KB: with
+                # 16 KiB pages they pack six to a page instead of one to a 4 KiB page, and
+                # bulk writes and commits cost a third less.  Only a new file takes it.
+                self._db.execute("PRAGMA page_size = 16384")
+                self._db.execute("PRAGMA journal_mode = WAL")
+                # The log is the source of truth: losing the last commits in a power cut only
+                # moves the checkpoint back, and catch-up replays them.
+                self._db.execute("PRAGMA synchronous = NORMAL")
+                self._db.execute("PRAGMA cache_size = -65536")
+                self._db.execute("PRAGMA temp_store = MEMORY")
+                schema.migrate(self._db, self.path)
+        except BaseException:
+            self._db.close()
+            raise
 
     # -- lifecycle -------------------------------------------------------------
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import re
 import sqlite3
+import sys
 import threading
 import time
 import types
@@ -89,6 +90,32 @@ def test_newer_schema_is_refused(tmp_path: Path) -> None:
     db.close()
     with pytest.raises(SchemaVersionError, match="newer"):
         SQLiteProjection(tmp_path / "p.db")
+
+
+def test_another_applications_database_is_refused_and_left_as_it_was(tmp_path: Path) -> None:
+    path = tmp_path / "app.db"
+    db = sqlite3.connect(path)
+    db.executescript(
+        "CREATE TABLE sessions (id TEXT PRIMARY KEY);"
+        "CREATE TABLE messages (id INTEGER PRIMARY KEY, content TEXT);"
+        "INSERT INTO messages (content) VALUES ('the app''s own data');"
+    )
+    db.commit()
+    db.close()
+    before = path.read_bytes()
+    with pytest.raises(ProjectionError, match="not a transcript projection"):
+        SQLiteProjection(path)
+    assert path.read_bytes() == before  # not even switched to WAL mode
+    db = sqlite3.connect(path)
+    assert db.execute("SELECT content FROM messages").fetchall() == [("the app's own data",)]
+    assert db.execute("PRAGMA journal_mode").fetchone()[0] == "delete"
+    db.close()
+
+
+def test_an_empty_database_file_becomes_a_projection(tmp_path: Path) -> None:
+    sqlite3.connect(tmp_path / "empty.db").close()
+    SQLiteProjection(tmp_path / "empty.db").close()
+    assert schema.version(sqlite3.connect(tmp_path / "empty.db")) == schema.VERSION
 
 
 def test_sql_migration_runs_once_and_keeps_rows(tmp_path: Path, log: EventLog, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -669,6 +696,32 @@ def test_session_metadata_merges_and_counters_add_up(log: EventLog, proj: SQLite
     assert session["closed_ns"] == records[-1].time_ns
     assert session["created_ns"] == records[0].time_ns and session["created_seq"] == 1
     assert (session["message_count"], session["last_seq"]) == (1, log.last_seq)
+
+
+@pytest.mark.parametrize("how", ["catch_up", "rebuild"])
+def test_numbers_past_sqlites_range_are_projected_not_stuck(tmp_path: Path, log: EventLog, how: str) -> None:
+    """The log takes integers up to 2**64 - 1 and sums counters without bound; SQLite holds
+    integers up to 2**63 - 1 and JSON no infinity.  Neither may stop the projection."""
+    big = 2**64 - 1
+    log.flush("s", [user("a", timestamp=big, platform_message_id=2**63)], overrides={0: {"content": "shown"}})
+    log.flush("t", [user("b")], overrides={0: {"timestamp": 2**63 + 7}})
+    log.update_session("s", input_tokens=2**62, cost_usd=1e308)
+    log.update_session("s", input_tokens=2**62, cost_usd=1e308)
+    log.flush("later", [user("after")])
+    proj = SQLiteProjection(tmp_path / f"{how}.db")
+    try:
+        getattr(proj, how)(log)
+        (row,) = proj.messages("s")
+        assert (row["timestamp"], row["platform_message_id"]) == (str(big), str(2**63))
+        assert json.loads(row["message"])["timestamp"] == big  # the number itself, in the wire JSON
+        assert proj.messages("t")[0]["timestamp"] == str(2**63 + 7)
+        session = {s["id"]: s for s in proj.sessions()}["s"]
+        assert session["input_tokens"] == float(2**63)
+        assert session["cost_usd"] == sys.float_info.max
+        assert json.loads(session["counters"]) == {"input_tokens": float(2**63), "cost_usd": sys.float_info.max}
+        assert [m["content"] for m in proj.messages("later")] == ["after"]
+    finally:
+        proj.close()
 
 
 def test_new_messages_reopen_a_closed_session(log: EventLog, proj: SQLiteProjection) -> None:
