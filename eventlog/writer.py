@@ -406,6 +406,8 @@ class Writer:
             return 0
         if node == state.head:
             return state.length
+        if state.length == 0:
+            return None  # an empty transcript holds no other node
         store = self.store
         cursor = txn.cursor(db=store.index)
         # Scan back from the head: the node the caller saw is usually recent.

@@ -69,6 +69,19 @@ def test_compact_conflicts_when_seen_head_is_gone(log):
         log.compact("s", start=0, end=3, summary=[user("sum")])
 
 
+def test_a_stale_head_on_an_empty_transcript_is_a_conflict(log):
+    """A session rewound to nothing, or holding only metadata, has no node but the empty head."""
+    stale = log.flush("s", [user("a")]).head
+    log.rewind("s", to=0)
+    log.update_session("meta", title="no messages yet")
+    for session in ("s", "meta"):
+        with pytest.raises(ConflictError):
+            log.append(session, [user("retry")], expected_head=stale)
+        with pytest.raises(ConflictError, match="not in the live transcript"):
+            log.compact(session, start=0, end=0, summary=[user("sum")], expected_head=stale)
+    assert log.messages("s") == [] and log.messages("meta") == []
+
+
 def test_fork_shares_prefix_then_diverges(log):
     log.flush("main", [user("q1"), assistant("a1"), user("q2"), assistant("a2")])
     result = log.fork("main", "branch", at=2)
