@@ -75,7 +75,7 @@ class System:
 
 DURABILITY_TEXT = {
     "full": "LMDB sync+metasync (power-loss safe)",
-    "process": "LMDB sync, no metasync (process/OS-crash safe)",
+    "process": "LMDB sync, no metasync (process-crash safe; an OS crash may undo the last commit)",
     "none": "no fsync (process-crash safe)",
 }
 

@@ -117,9 +117,9 @@ class EventLog:
 
         ``durability``: ``"full"`` (default: fsync data and meta page on every commit,
         survives power loss), ``"process"`` (one fsync per commit, no meta-page sync:
-        survives a process or OS crash intact but a power loss may undo the last
-        commit), ``"none"`` (no fsync: survives a process crash, not an OS crash;
-        for bulk imports).  ``ephemeral`` replaces the scaffolding rule.
+        survives a process crash; an OS crash or power loss leaves the log intact but
+        may undo the last commit), ``"none"`` (no fsync: survives a process crash, not
+        an OS crash; for bulk imports).  ``ephemeral`` replaces the scaffolding rule.
         ``trust_identity`` promises that flushed message dicts are never mutated in
         place: a message that is the same object as last time, or a dict equal to it by
         ``==``, is taken as unchanged without looking inside (docs/integration.md).  The map starts at
