@@ -416,9 +416,10 @@ class Store:
                     try:
                         self._commit_group(group)
                     except BaseException as e:
-                        # Every write of the group not yet acknowledged fails with it, and so
-                        # does this caller's own if it is still queued.
-                        _fail([r for r in group if not r.done], e)
+                        # Every write of the group not yet acknowledged fails with it (an
+                        # interrupt of this thread is not theirs: they hear that nothing of
+                        # theirs was stored), and so does this caller's own if still queued.
+                        _fail([r for r in group if not r.done], e if isinstance(e, Exception) else _not_written(self.path, e))
                         with self._group:
                             if request in self._queue:
                                 self._queue.remove(request)
@@ -496,19 +497,44 @@ class Store:
                         _fail(group, translate(e, self.path))
                         return
                     except BaseException as e:
-                        txn.abort()
-                        _fail(group, e)
+                        txn.abort()  # nothing to undo if the commit itself went through
+                        if self._landed():
+                            # Interrupted (Ctrl-C) as LMDB's commit returned: every write of the
+                            # group is stored, and its caller is told so; only this thread stops.
+                            self._committed(group)
+                        else:
+                            _fail(group, e if isinstance(e, Exception) else _not_written(self.path, e))
                         raise
                     else:
-                        if self._pending_tail is not None:
-                            self._tail = self._pending_tail
-                        self.commits += 1
-                        self.grouped_writes += len(group)
-                        self._last_group = len(group)
-                        for request in group:
-                            request.done = True
+                        self._committed(group)
                         return
             self._resize(grow_to)
+
+    def _committed(self, group: list[_Request]) -> None:
+        if self._pending_tail is not None:
+            self._tail = self._pending_tail
+        self.commits += 1
+        self.grouped_writes += len(group)
+        self._last_group = len(group)
+        for request in group:
+            request.done = True
+
+    def _landed(self) -> bool:
+        """Whether the write transaction just cut short was committed all the same.
+
+        Python raises an interrupt once the C call it arrived during returns, so it can follow
+        a commit that went through.  The transaction's last event is then in the log: its
+        hash names it and every event before it.  (Called inside the writer's slot.)
+        """
+        if self._pending_tail is None:
+            return False  # the group wrote no event
+        seq, digest = self._pending_tail
+        txn = self.env.begin(write=False)
+        try:
+            raw = txn.get(SEQ.pack(seq), db=self.events)
+            return raw is not None and event_hash(seq, raw) == digest
+        finally:
+            txn.abort()
 
     def _run_group(self, txn: lmdb.Transaction, group: list[_Request]) -> None:
         self._pending_tail = None
@@ -710,6 +736,15 @@ class _Request:
 
 class _BodyFailed(Exception):
     """A lone request's body raised; its error is on the request."""
+
+
+def _not_written(path: str, interrupt: BaseException) -> EventLogError:
+    """What the other writers of a group hear when the thread committing it was interrupted
+    before the commit: nothing of theirs was stored, so they may retry."""
+    return EventLogError(
+        f"{path}: not written: the thread committing this write with others was interrupted "
+        f"({type(interrupt).__name__}) before the commit; nothing of it was stored"
+    )
 
 
 def _fail(group: list[_Request], error: BaseException) -> None:

@@ -7,7 +7,7 @@ import time
 
 import pytest
 
-from eventlog import EMPTY_HEAD, ConflictError, EventLog, HistoryMismatchError, events
+from eventlog import EMPTY_HEAD, ConflictError, EventLog, EventLogError, HistoryMismatchError, events
 from eventlog.store import _Request
 from factories import assistant, user
 
@@ -20,7 +20,7 @@ def run_grouped(log: EventLog, calls):
     def run(i, call):
         try:
             results[i] = call()
-        except Exception as e:
+        except BaseException as e:  # an interrupt too: it is what the test looks at
             results[i] = e
 
     threads = [threading.Thread(target=run, args=(i, c)) for i, c in enumerate(calls)]
@@ -232,3 +232,58 @@ def test_a_caller_interrupted_just_as_the_lead_is_handed_to_it_passes_it_on(log)
     assert not store._queue and not store._leading
     assert request.done and request.error is not None
     assert log.flush("s", [user("q")]).appended == 1
+
+
+class _InterruptedCommits:
+    """Stands in for the store's LMDB environment: the commit of a group's transaction is
+    interrupted (KeyboardInterrupt, as Ctrl-C would be raised), before or after LMDB commits."""
+
+    def __init__(self, env, *, after: bool) -> None:
+        self._env, self.after, self.fired = env, after, 0
+
+    def __getattr__(self, name):
+        return getattr(self._env, name)
+
+    def begin(self, write=False, parent=None, **kw):
+        if parent is not None:
+            return self._env.begin(write=write, parent=parent._txn if isinstance(parent, _Committing) else parent, **kw)
+        txn = self._env.begin(write=write, **kw)
+        return _Committing(txn, self) if write and not self.fired else txn
+
+
+class _Committing:
+    def __init__(self, txn, owner: _InterruptedCommits) -> None:
+        self._txn, self._owner = txn, owner
+
+    def __getattr__(self, name):
+        return getattr(self._txn, name)
+
+    def commit(self):
+        self._owner.fired += 1
+        if self._owner.after:
+            self._txn.commit()
+        raise KeyboardInterrupt
+
+
+@pytest.mark.parametrize("after", [True, False], ids=["after-the-commit", "before-the-commit"])
+def test_an_interrupt_of_the_committing_thread_is_its_own(log, monkeypatch, after):
+    """Ctrl-C in the thread that commits a group stops that thread alone.  Raised as LMDB's
+    commit returns, it follows writes that are stored: their callers get their results.
+    Raised before, nothing was stored: the others hear so, and may retry."""
+    store = log._store
+    monkeypatch.setattr(store, "env", _InterruptedCommits(store.env, after=after))
+    calls = [lambda i=i: log.flush(f"s{i}", [user(f"q{i}")]) for i in range(4)]
+    results, _ = run_grouped(log, calls)
+    monkeypatch.undo()
+    assert isinstance(results[0], KeyboardInterrupt)  # the thread that led the group
+    if after:
+        assert [r.appended for r in results[1:]] == [1, 1, 1]
+        assert [log.messages(f"s{i}") for i in range(4)] == [[user(f"q{i}")] for i in range(4)]
+    else:
+        for r in results[1:]:
+            assert isinstance(r, EventLogError) and "nothing of it was stored" in str(r)
+        assert log.last_seq == 0
+        assert all(log.flush(f"s{i}", [user(f"q{i}")]).appended == 1 for i in range(4))  # retried
+    assert log.flush("next", [user("q")]).appended == 1  # the chain of events goes on
+    assert log.verify().ok
+    assert not store._queue and not store._leading
