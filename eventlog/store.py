@@ -258,6 +258,7 @@ class Store:
         self._zeroed = 0  # the data file's size after our last zeroing
         self._zero_retry = 0  # no zeroing before this many commits (after a failure)
         self._pending_tail: tuple[int, bytes] | None = None  # written by the open write transaction
+        self._map_filled_by: _Request | None = None  # the write a group's map ran out of room in
         self._event_buffer = bytearray()  # see Batch.emit
         try:
             self.log_id = self._init_meta() if not readonly else self._read_log_id()
@@ -490,8 +491,15 @@ class Store:
                         try:
                             grow_to = self._next_size()
                         except StorageFullError as e:
-                            _fail(group, e)
-                            return
+                            culprit = self._map_filled_by
+                            if culprit is None or len(group) == 1:
+                                _fail(group, e)
+                                return
+                            # The write that filled the largest map fails alone; the others
+                            # are committed without it (each may still fill it in turn).
+                            _fail([culprit], e)
+                            group = [r for r in group if r is not culprit]
+                            continue
                     except lmdb.Error as e:
                         txn.abort()
                         _fail(group, translate(e, self.path))
@@ -538,6 +546,7 @@ class Store:
 
     def _run_group(self, txn: lmdb.Transaction, group: list[_Request]) -> None:
         self._pending_tail = None
+        self._map_filled_by = None
         if len(group) == 1:
             # Alone: the body's failure aborts the whole (single-caller) transaction.
             request = group[0]
@@ -559,6 +568,7 @@ class Store:
                 child.commit()
             except lmdb.MapFullError:
                 child.abort()
+                self._map_filled_by = request
                 raise
             except lmdb.Error as e:
                 child.abort()

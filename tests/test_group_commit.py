@@ -287,3 +287,21 @@ def test_an_interrupt_of_the_committing_thread_is_its_own(log, monkeypatch, afte
     assert log.flush("next", [user("q")]).appended == 1  # the chain of events goes on
     assert log.verify().ok
     assert not store._queue and not store._leading
+
+
+def test_a_write_too_big_for_the_largest_map_fails_alone(tmp_path):
+    """At ``max_map_size``, the write that cannot fit fails with StorageFullError; the writes
+    grouped with it, which fit, are committed."""
+    from eventlog import StorageFullError
+
+    with EventLog.open(tmp_path / "l", durability="none", map_size=1 << 20, max_map_size=2 << 20) as log:
+        log.flush("warm", [user("x")])
+        big = [user("y" * 4000 + str(i)) for i in range(1000)]  # about 4 MB
+        calls = [lambda i=i: log.flush(f"small{i}", [user(f"hello {i}")]) for i in range(3)]
+        calls.insert(1, lambda: log.flush("big", big))
+        results, _ = run_grouped(log, calls)
+        assert isinstance(results[1], StorageFullError)
+        assert [r.appended for i, r in enumerate(results) if i != 1] == [1, 1, 1]
+        assert [log.messages(f"small{i}") for i in range(3)] == [[user(f"hello {i}")] for i in range(3)]
+        assert "big" not in log.sessions()
+        assert log.verify().ok
