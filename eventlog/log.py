@@ -161,8 +161,8 @@ class EventLog:
     def sync_projections(self, timeout: float | None = None) -> bool:
         """Wait until the attached projections hold every write made so far.
 
-        Returns False on timeout, or when a projection's last catch-up failed (the error is
-        logged, and the catch-up is tried again after the next write).  Only needed by
+        After a failed catch-up, first asks for another.  Returns False on timeout, or when
+        a projection's catch-up failed again (the error is logged; it is tried again later).  Only needed by
         readers that query a projection's database directly (with ``sqlite3``, another
         process): the projection's own read methods wait by themselves.  Returns True at
         once when projecting inside the writes.

@@ -24,6 +24,10 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger("eventlog")
 
+RETRY_MIN = 0.05
+RETRY_MAX = 5.0
+"""Seconds before a failed catch-up is tried again by itself: from the first, doubling to the second."""
+
 
 class Projection(Protocol):
     """What :meth:`EventLog.open` accepts in ``projections``.
@@ -41,7 +45,9 @@ class Projector:
 
     :meth:`poke` (called after every committed write, with the newest ``seq``) is
     cheap and never blocks on SQLite.  A projection that fails is logged and tried
-    again on the next write; it never fails the write, which is already committed.
+    again: after a pause that doubles up to :data:`RETRY_MAX` seconds, on the next
+    write, at once when a reader waits for it, and one last time on :meth:`close`.
+    It never fails the write, which is already committed.
     """
 
     def __init__(self, log: EventLog, projections: Sequence[Projection]) -> None:
@@ -51,6 +57,9 @@ class Projector:
         self._wanted = 0  # newest seq a write has asked for
         self._done = 0  # every seq up to this one has been applied (or attempted)
         self._failed = False  # the last catch-up of some projection raised
+        self._rounds = 0  # catch-up rounds finished
+        self._retry = False  # a reader asks for another round after a failed one
+        self._pause = 0.0  # before the next round after a failed one
         self._stopping = False
         self._stopped = False
         self._thread = threading.Thread(target=self._run, name="eventlog-projector", daemon=True)
@@ -66,14 +75,21 @@ class Projector:
     def wait(self, timeout: float | None = None) -> bool:
         """Block until every write poked so far has been applied.
 
-        False on timeout, or when the last catch-up of a projection failed (it was logged,
-        and is retried after the next write).  Returns at once on the projector's own
-        thread (a projection reading while it catches up) and once the thread has stopped.
+        When the last round failed, first asks for another one and waits for it.  False
+        on timeout, or when the catch-up of a projection failed again (it was logged).
+        Returns at once on the projector's own thread (a projection reading while it
+        catches up) and once the thread has stopped.
         """
         if threading.current_thread() is self._thread:
             return True
         with self._cond:
             target = self._wanted
+            if self._failed and not self._stopped:
+                rounds = self._rounds
+                self._retry = True
+                self._cond.notify_all()
+                if not self._cond.wait_for(lambda: self._rounds > rounds or self._stopped, timeout):
+                    return False
             if not self._cond.wait_for(lambda: self._done >= target or self._stopped, timeout):
                 return False
             return self._done >= target and not self._failed
@@ -86,26 +102,38 @@ class Projector:
         if threading.current_thread() is not self._thread:
             self._thread.join()
 
+    def _due(self) -> bool:
+        return self._wanted > self._done or self._stopping or self._retry
+
     def _run(self) -> None:
         try:
             while True:
                 with self._cond:
-                    self._cond.wait_for(lambda: self._wanted > self._done or self._stopping)
-                    if self._wanted <= self._done:
-                        return  # stopping, and nothing left
+                    # After a failed round, the pause running out is due too.
+                    self._cond.wait_for(self._due, self._pause if self._failed else None)
+                    if self._wanted <= self._done and not self._failed:
+                        if self._stopping:
+                            return  # nothing left
+                        continue
                     target = self._wanted
+                    self._retry = False
+                    last_try = self._stopping  # this round began after close() asked to stop
                 failed = False
                 for projection in self._projections:
                     try:
                         projection.catch_up(self._log)
                     except Exception:
-                        # The write is committed; the projection catches up after the next one.
+                        # The write is committed; the projection is tried again (see the class).
                         logger.exception("projection %r failed to catch up", projection)
                         failed = True
                 with self._cond:
                     self._done = max(self._done, target)
                     self._failed = failed
+                    self._rounds += 1
+                    self._pause = min(max(2 * self._pause, RETRY_MIN), RETRY_MAX) if failed else 0.0
                     self._cond.notify_all()
+                    if failed and last_try:
+                        return  # closing: that was the last try
         finally:
             with self._cond:
                 self._stopped = True

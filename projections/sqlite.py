@@ -209,8 +209,7 @@ class SQLiteProjection:
 
     def sync_search(self) -> int:
         """Bring the search index up to date with the rows; return how many rows it was behind."""
-        if self._wait is not None:
-            self._wait(None)
+        self._caught_up()
         return self._sync_search()
 
     def _sync_search(self) -> int:
@@ -287,8 +286,7 @@ class SQLiteProjection:
     @property
     def last_seq(self) -> int:
         """The seq of the last event applied (0 for an empty projection)."""
-        if self._wait is not None:
-            self._wait(None)
+        self._caught_up()
         with self._lock, self._translate():
             return self._checkpoint()[1]
 
@@ -395,9 +393,20 @@ class SQLiteProjection:
             "use another file or rebuild(log) to replace it"
         )
 
+    def _caught_up(self) -> None:
+        """Before a read: wait until the log's writes so far are applied (when attached).
+
+        Raises :class:`ProjectionError` when they cannot be: a reader never silently gets
+        a transcript older than its own writes.
+        """
+        if self._wait is not None and not self._wait(None):
+            raise ProjectionError(
+                f"{self.path}: behind its log: catching up with the latest writes failed "
+                "(the 'eventlog' logger has the error; it is tried again)"
+            )
+
     def _rows(self, sql: str, params: Any) -> list[dict[str, Any]]:
-        if self._wait is not None:
-            self._wait(None)
+        self._caught_up()
         with self._lock, self._translate():
             cursor = self._db.execute(sql, params)
             names = [d[0] for d in cursor.description]
