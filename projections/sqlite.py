@@ -153,7 +153,7 @@ class SQLiteProjection:
                 )
             applied = 0
             records = iter(log.events(after=after))
-            while chunk := self._chunk(records):
+            for chunk in self._chunks(records):
                 with self._write():
                     self._claim(log_id)
                     _, last, indexed = self._checkpoint()
@@ -199,7 +199,7 @@ class SQLiteProjection:
         applied = 0
         records = iter(log.events(after=0))
         try:
-            while chunk := self._chunk(records):
+            for chunk in self._chunks(records):
                 applied += self._apply_chunk(applier, applied, chunk)
         except BaseException:
             applier.settle()  # the connection must be free before the rollback
@@ -369,17 +369,25 @@ class SQLiteProjection:
         ).fetchone()
         return max(0, top - indexed)
 
-    def _chunk(self, records: Iterator[Record]) -> list[Record]:
-        """The next events, up to about ``batch`` messages (an event counts at least one)."""
+    def _chunks(self, records: Iterator[Record]) -> Iterator[list[Record]]:
+        """``records`` in chunks of about ``batch`` messages (an event counts at least one).
+
+        A chunk ends only where one write of the log ends, so that readers of the file never
+        see part of one (a compaction's tombstones without the summary that replaces them).
+        The events of one write carry the same time; another write's is a different one
+        (or, if it came in the same nanosecond, the chunk only grows).
+        """
         chunk: list[Record] = []
         size = 0
         for record in records:
+            if size >= self.batch and record.time_ns != chunk[-1].time_ns:
+                yield chunk
+                chunk, size = [], 0
             chunk.append(record)
             event = record.event
             size += max(1, len(event.bodies)) if type(event) is MessagesAppended else 1
-            if size >= self.batch:
-                break
-        return chunk
+        if chunk:
+            yield chunk
 
     def _checkpoint(self) -> tuple[str | None, int, int]:
         owner, last, indexed = self._db.execute(

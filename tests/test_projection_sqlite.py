@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import re
 import sqlite3
@@ -279,6 +280,32 @@ class Failing:
             if i == self.n:
                 raise OSError("simulated crash")
             yield record
+
+
+def test_catch_up_never_shows_readers_part_of_a_write(tmp_path: Path, log: EventLog, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Catch-up commits in chunks of about ``batch`` messages, but never inside one write of
+    the log: a compaction's tombstones and its summary become visible together."""
+    log.flush("s", [user(f"m{i}") for i in range(30)])
+    proj = SQLiteProjection(tmp_path / "p.db", batch=50)
+    proj.catch_up(log)
+    log.flush("big", [user(f"b{i}") for i in range(48)])  # with its opening, the chunk is full right after the tombstones
+    log.compact("s", start=0, end=29, summary=[user("summary")])
+    reader = sqlite3.connect(tmp_path / "p.db", isolation_level=None)
+    seen: list[int] = []
+    write = proj._write
+
+    @contextlib.contextmanager
+    def watched():
+        with write():
+            yield
+        seen.append(reader.execute("SELECT count(*) FROM live_messages WHERE session_id = 's'").fetchone()[0])
+
+    monkeypatch.setattr(proj, "_write", watched)
+    proj.catch_up(log)
+    monkeypatch.undo()
+    reader.close()
+    proj.close()
+    assert seen and set(seen) <= {30, 2}, f"a reader saw session s with {seen} live rows (the log: 30, then 2)"
 
 
 def test_failed_batch_rolls_back_with_its_checkpoint(tmp_path: Path, log: EventLog) -> None:
