@@ -15,15 +15,17 @@ from typing import Final
 
 from .errors import ProjectionError, SchemaVersionError
 
-VERSION: Final = 1
+VERSION: Final = 2
 
 REPROJECT: Final = "reproject"
 """A migration that rebuilds the schema and resets the checkpoint to re-project the log."""
 
-MIGRATIONS: dict[int, str] = {}
+MIGRATIONS: dict[int, str] = {
+    2: "ALTER TABLE checkpoint ADD COLUMN last_hash BLOB;",
+}
 """Target version -> SQL script or :data:`REPROJECT`, to go from ``version - 1`` to ``version``.
 
-Version 1 is created from :data:`SCHEMA` directly.
+A new file is created at :data:`VERSION` from :data:`SCHEMA` directly.
 """
 
 SCHEMA: Final = """
@@ -31,7 +33,8 @@ CREATE TABLE checkpoint (
     id            INTEGER PRIMARY KEY CHECK (id = 1),
     log_id        TEXT,                       -- hex id of the projected log (NULL until first catch-up)
     last_seq      INTEGER NOT NULL DEFAULT 0, -- last event applied, in the same transaction as its rows
-    indexed_upto  INTEGER NOT NULL DEFAULT 0  -- messages.id up to which the search index is current
+    indexed_upto  INTEGER NOT NULL DEFAULT 0, -- messages.id up to which the search index is current
+    last_hash     BLOB                        -- hash of event last_seq: the next one must chain to it
 );
 INSERT INTO checkpoint (id) VALUES (1);
 

@@ -301,6 +301,14 @@ class SQLiteProjection:
         fresh = [record for record in chunk if record.seq > last]
         if not fresh:
             return 0
+        if last and fresh[0].seq == last + 1:
+            applied = self._db.execute("SELECT last_hash FROM checkpoint").fetchone()[0]
+            if applied is not None and fresh[0].prev_hash != applied:
+                raise LogMismatchError(
+                    f"{self.path}: event {last + 1} of the log does not follow the event {last} this "
+                    "projection applied: the log's history differs (restored from an older copy?); "
+                    "rebuild(log) to project it again"
+                )
         expected = last + 1
         for record in fresh:
             if record.seq != expected:
@@ -311,7 +319,8 @@ class SQLiteProjection:
             expected += 1
         applier.finish()
         self._db.execute(
-            "UPDATE checkpoint SET last_seq = ?, indexed_upto = ?", (fresh[-1].seq, applier.indexed_upto)
+            "UPDATE checkpoint SET last_seq = ?, last_hash = ?, indexed_upto = ?",
+            (fresh[-1].seq, fresh[-1].hash, applier.indexed_upto),
         )
         return len(fresh)
 

@@ -197,6 +197,51 @@ def test_an_empty_other_log_is_refused_too(tmp_path: Path, log: EventLog, proj: 
         proj.catch_up(other)
 
 
+def test_a_log_restored_from_an_older_copy_is_refused_once_written_past_the_checkpoint(tmp_path: Path) -> None:
+    """Events after the checkpoint must chain to the event the projection applied last: a log
+    restored from a backup and written again has other events at those numbers."""
+    import shutil
+
+    with EventLog.open(tmp_path / "log", durability="none") as log:
+        log.flush("a", [user("hello")])
+    shutil.copytree(tmp_path / "log", tmp_path / "backup")
+    proj = SQLiteProjection(tmp_path / "p.db")
+    with EventLog.open(tmp_path / "log", durability="none") as log:
+        log.flush("b", [user("lost with the restore")])
+        proj.catch_up(log)
+    shutil.rmtree(tmp_path / "log")
+    shutil.copytree(tmp_path / "backup", tmp_path / "log")
+    with EventLog.open(tmp_path / "log", durability="none") as log:
+        log.flush("c", [user("new")])
+        log.flush("d", [user("more")])
+        with pytest.raises(LogMismatchError, match="history differs"):
+            proj.catch_up(log)
+        assert proj.rebuild(log) == log.last_seq
+        assert sorted(s["id"] for s in proj.sessions()) == sorted(log.sessions())
+    proj.close()
+
+
+def test_the_checkpoint_gains_the_last_events_hash_by_migration(tmp_path: Path, log: EventLog) -> None:
+    """A projection written before the checkpoint held the last event's hash is migrated in
+    place, keeps its rows, and checks the chain from its next catch-up on."""
+    log.flush("s", [user("a")])
+    with SQLiteProjection(tmp_path / "p.db") as proj:
+        proj.catch_up(log)
+    db = sqlite3.connect(tmp_path / "p.db")
+    db.execute("ALTER TABLE checkpoint DROP COLUMN last_hash")
+    db.execute("PRAGMA user_version = 1")
+    db.commit()
+    db.close()
+    log.flush("s", [user("a"), assistant("b")])
+    with SQLiteProjection(tmp_path / "p.db") as proj:
+        assert proj.catch_up(log) == 1
+        assert [r["content"] for r in proj.messages("s")] == ["a", "b"]
+    db = sqlite3.connect(tmp_path / "p.db")
+    assert db.execute("PRAGMA user_version").fetchone()[0] == schema.VERSION
+    assert db.execute("SELECT last_hash FROM checkpoint").fetchone()[0] == list(log.events())[-1].hash
+    db.close()
+
+
 class Interleaved:
     """A log whose event stream lets another projection catch up after the first event read."""
 
