@@ -96,7 +96,6 @@ class EventLog:
             self._projector = Projector(self, self._projections)
             for projection in self._projections:
                 bind(projection, self._projector.wait)
-        self._pid = os.getpid()
 
     @classmethod
     def open(
@@ -201,11 +200,11 @@ class EventLog:
         write transactions this process committed (``commits``) for how many writes
         (``writes``; more writes than commits means group commit merged them)."""
         store = self._store
-        with store.read() as txn:
+        with store.read() as txn:  # the map is not resized while a transaction is open
             last = store.last_seq(txn)
             sessions = txn.stat(store.sessions)["entries"]
-        info = store.env.info()
-        stat = store.env.stat()
+            info = store.env.info()
+            stat = store.env.stat()
         data = os.path.join(store.path, "data.mdb")
         return {
             "path": store.path,

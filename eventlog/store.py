@@ -260,6 +260,7 @@ class Store:
         self._pending_tail: tuple[int, bytes] | None = None  # written by the open write transaction
         self._map_filled_by: _Request | None = None  # the write a group's map ran out of room in
         self._event_buffer = bytearray()  # see Batch.emit
+        self._pid = os.getpid()  # an environment must not be used across fork()
         try:
             self.log_id = self._init_meta() if not readonly else self._read_log_id()
             if not readonly and not os.path.exists(marker):
@@ -329,6 +330,12 @@ class Store:
 
     @contextmanager
     def _slot(self) -> Iterator[None]:
+        if os.getpid() != self._pid:
+            # LMDB's locks and map belong to the process that opened the environment.
+            raise EventLogError(
+                f"{self.path}: the log was opened in process {self._pid}, before a fork(); "
+                "open it again in this process"
+            )
         with self._cond:
             if self._closed:
                 raise EventLogError(f"{self.path}: the log is closed")
@@ -625,8 +632,9 @@ class Store:
         """
         if nbytes < 4 * MIB:
             return
-        info = self.env.info()
-        used = (info["last_pgno"] + 1) * self.env.stat()["psize"]
+        with self._slot():  # another thread may be resizing the map: read it in a slot
+            info = self.env.info()
+        used = (info["last_pgno"] + 1) * self._page_size
         wanted = used + 2 * nbytes + MIB
         if wanted <= info["map_size"]:
             return

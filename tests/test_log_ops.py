@@ -180,3 +180,25 @@ def test_unknown_session_reads(log):
         log.messages("x")
     assert log.head("x") is None
     assert "x" not in log
+
+
+@pytest.mark.skipif(not hasattr(__import__("os"), "fork"), reason="needs fork()")
+def test_a_log_used_in_a_forked_child_refuses_with_a_clear_error(log):
+    """LMDB's environment belongs to the process that opened it: a child made by fork() must
+    open the log again, and is told so instead of corrupting the parent's locks."""
+    import os
+
+    log.flush("s", [user("q")])
+    pid = os.fork()
+    if pid == 0:  # the child: report through the exit code only
+        code = 3
+        try:
+            log.flush("s", [user("q"), assistant("from the child")])
+            code = 1
+        except Exception as e:
+            code = 0 if "before a fork()" in str(e) else 2
+        os._exit(code)
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0
+    assert log.messages("s") == [user("q")]
+    assert log.flush("s", [user("q"), assistant("a")]).appended == 1  # the parent goes on
