@@ -147,7 +147,9 @@ def translate(e: lmdb.Error, path: str) -> EventLogError:
         return StorageFullError(f"{path}: no space left on device ({text})")
     if isinstance(e, lmdb.ReadonlyError) or code in (errno.EROFS, errno.EACCES, errno.EPERM) or "Read-only" in text:
         return ReadOnlyError(f"{path}: cannot write the log ({text})")
-    if isinstance(e, (lmdb.CorruptedError, lmdb.PageNotFoundError, lmdb.InvalidError, lmdb.VersionMismatchError, lmdb.PanicError, lmdb.BadChecksumError)):
+    if isinstance(e, lmdb.PanicError):  # this process's environment, not the files
+        return EventLogError(f"{path}: LMDB stopped this process's use of the log ({text}); close and open it again")
+    if isinstance(e, (lmdb.CorruptedError, lmdb.PageNotFoundError, lmdb.InvalidError, lmdb.VersionMismatchError, lmdb.BadChecksumError)):
         return CorruptLogError(f"{path}: the log's files are damaged ({type(e).__name__}: {text})")
     return EventLogError(f"{path}: {type(e).__name__}: {text}")
 
@@ -266,6 +268,8 @@ class Store:
             if not readonly and not os.path.exists(marker):
                 _write_marker(marker, self.log_id)
         except BaseException:
+            if self._zero_fd is not None:
+                os.close(self._zero_fd)
             self.env.close()
             raise
 

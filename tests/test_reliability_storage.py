@@ -435,3 +435,14 @@ def test_synced_commits_write_into_space_zeroed_ahead(tmp_path: Path, durability
     with EventLog.open(path) as log:
         assert len(log.messages("s")) == 300
         assert log.verify().ok
+
+
+def test_lmdb_errors_become_errors_a_caller_can_act_on(tmp_path: Path) -> None:
+    """Damaged files are CorruptLogError; a panic of this process's environment is not damage
+    (reopening is the remedy) and must not send a caller restoring backups."""
+    from eventlog.store import translate
+
+    damaged = translate(lmdb.CorruptedError("MDB_CORRUPTED"), str(tmp_path))
+    assert isinstance(damaged, CorruptLogError) and "damaged" in str(damaged)
+    panic = translate(lmdb.PanicError("MDB_PANIC"), str(tmp_path))
+    assert type(panic) is EventLogError and "open it again" in str(panic)
