@@ -250,8 +250,14 @@ class SQLiteProjection:
         ``rank`` (BM25, lower is better).
 
         Raises :class:`~projections.errors.InvalidQueryError` (a ``ValueError``) for
-        a query that is not FTS5 syntax.
+        a query that is not FTS5 syntax, or not text (a ``str`` with a lone surrogate).
         """
+        if type(query) is not str:
+            raise InvalidQueryError(f"search query must be a str, not {type(query).__name__}")
+        try:
+            query.encode("utf-8")
+        except UnicodeEncodeError as e:
+            raise InvalidQueryError(f"search query {query!r}: not valid text ({e.reason})") from None
         self.sync_search()
         sql = (
             "SELECT m.id, m.session_id, m.position, m.seq, m.role, m.content, "

@@ -838,9 +838,10 @@ def test_search_ranks_filters_limits_and_snippets(log: EventLog, proj: SQLitePro
     assert [h["content"] for h in proj.search('"apple tart"')] == ["apple tart"]
 
 
-def test_invalid_search_query_is_a_value_error(proj: SQLiteProjection) -> None:
+@pytest.mark.parametrize("query", ['"unbalanced', "", "\ud800", b"bytes"], ids=["syntax", "empty", "surrogate", "bytes"])
+def test_invalid_search_query_is_a_value_error(proj: SQLiteProjection, query: Any) -> None:
     with pytest.raises(InvalidQueryError) as info:
-        proj.search('"unbalanced')
+        proj.search(query)
     assert isinstance(info.value, ValueError)
 
 
