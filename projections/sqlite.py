@@ -321,7 +321,15 @@ class SQLiteProjection:
                 raise ProjectionCorruptError(
                     f"{self.path}: expected event {expected} after the checkpoint, got {record.seq}"
                 )
-            applier.apply(record)
+            try:
+                applier.apply(record)
+            except (sqlite3.Error, ProjectionError):
+                raise
+            except Exception as e:  # a value the tables cannot take: name the event
+                raise ProjectionError(
+                    f"{self.path}: event {record.seq} ({type(record.event).__name__}) could not be "
+                    f"applied: {type(e).__name__}: {e}"
+                ) from e
             expected += 1
         applier.finish()
         self._db.execute(

@@ -546,7 +546,7 @@ def test_a_rebuild_failing_beside_its_index_helper_leaves_the_old_projection(
             return derive(message, override)
 
         monkeypatch.setattr(apply, "derive", failing)
-        with pytest.raises(ValueError, match="underivable"):
+        with pytest.raises(ProjectionError, match=r"event \d+ \(MessagesAppended\) could not be applied: ValueError: underivable"):
             proj.rebuild(log, exclusive=exclusive)
     assert not [t for t in threading.enumerate() if t.name == "projection-index"]
     _index_is_sound(proj)
