@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
 import sqlite3
 import threading
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -128,35 +130,39 @@ def long_pauses(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(projector, "RETRY_MAX", 600.0)
 
 
+@contextlib.contextmanager
+def failed_catch_up(tmp_path: Path, messages: list[dict]) -> Iterator[tuple[EventLog, SQLiteProjection, sqlite3.Connection]]:
+    """An attached projection whose catch-up of a flush of ``messages`` failed: another
+    connection holds the projection's write lock (the test lets it go)."""
+    proj = SQLiteProjection(tmp_path / "p.db")
+    blocker = sqlite3.connect(tmp_path / "p.db", timeout=0)
+    try:
+        with EventLog.open(tmp_path / "log", projections=[proj]) as log:
+            proj._db.execute("PRAGMA busy_timeout = 0")
+            blocker.execute("BEGIN EXCLUSIVE")
+            log.flush("s", messages)
+            assert not log.sync_projections(timeout=30)
+            yield log, proj, blocker
+    finally:
+        blocker.close()
+        proj.close()
+
+
 def test_a_read_after_a_failed_catch_up_asks_for_another(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
     """A lock held a moment too long must not leave the projection behind until some later write,
     nor answer a reader from rows older than its own writes."""
     long_pauses(monkeypatch)
-    proj = SQLiteProjection(tmp_path / "p.db")
-    blocker = sqlite3.connect(tmp_path / "p.db", timeout=0)
-    with EventLog.open(tmp_path / "log", projections=[proj]) as log:
-        proj._db.execute("PRAGMA busy_timeout = 0")
-        blocker.execute("BEGIN EXCLUSIVE")
-        log.flush("s", [user("q")])
-        assert not log.sync_projections(timeout=30)
+    with failed_catch_up(tmp_path, [user("q")]) as (log, proj, blocker):
         with pytest.raises(projections.ProjectionError, match="behind its log"):
             proj.messages("s")
         blocker.rollback()
         assert [r["content"] for r in proj.messages("s")] == ["q"]  # this read asked for a new try
         assert log.sync_projections(timeout=30)
-        assert "failed to catch up" in caplog.text
-    blocker.close()
-    proj.close()
+    assert "failed to catch up" in caplog.text
 
 
 def test_a_failed_catch_up_is_tried_again_by_itself(tmp_path: Path) -> None:
-    proj = SQLiteProjection(tmp_path / "p.db")
-    blocker = sqlite3.connect(tmp_path / "p.db", timeout=0)
-    with EventLog.open(tmp_path / "log", projections=[proj]) as log:
-        proj._db.execute("PRAGMA busy_timeout = 0")
-        blocker.execute("BEGIN EXCLUSIVE")
-        log.flush("s", [user("q")])
-        assert not log.sync_projections(timeout=30)
+    with failed_catch_up(tmp_path, [user("q")]) as (_, _, blocker):
         blocker.rollback()
         pause = threading.Event()
         for _ in range(200):  # the first pause after a failure is 0.05 s
@@ -164,21 +170,11 @@ def test_a_failed_catch_up_is_tried_again_by_itself(tmp_path: Path) -> None:
                 break
             pause.wait(0.05)
         assert raw_count(tmp_path / "p.db") == 1  # no read, no write: it caught up by itself
-    blocker.close()
-    proj.close()
 
 
 def test_closing_the_log_tries_a_failed_catch_up_once_more(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     long_pauses(monkeypatch)
-    proj = SQLiteProjection(tmp_path / "p.db")
-    blocker = sqlite3.connect(tmp_path / "p.db", timeout=0)
-    with EventLog.open(tmp_path / "log", projections=[proj]) as log:
-        proj._db.execute("PRAGMA busy_timeout = 0")
-        blocker.execute("BEGIN EXCLUSIVE")
-        log.flush("s", [user("q"), assistant("a")])
-        assert not log.sync_projections(timeout=30)
+    with failed_catch_up(tmp_path, [user("q"), assistant("a")]) as (_, _, blocker):
         blocker.rollback()
         assert raw_count(tmp_path / "p.db") == 0
-    assert raw_count(tmp_path / "p.db") == 2  # the close applied it
-    blocker.close()
-    proj.close()
+    assert raw_count(tmp_path / "p.db") == 2  # closing the log applied it
