@@ -1,7 +1,9 @@
 """Property: projecting incrementally, with restarts at random points, equals rebuilding.
 
-Random histories of flushes, edits, rewinds, compactions, forks, display overrides,
-metadata updates and closes are written to a real log.  One projection follows the
+Random histories of flushes, appends, edits, replacements, rewinds, compactions (by the
+API and through a flush), forks, display overrides (numbers past SQLite's range included),
+metadata and counter updates (sums past 64 bits and near the largest float included) and
+closes are written to a real log.  One projection follows the
 log with catch-ups in random batch sizes and search lags and is closed and reopened
 at random points; at the end it must equal a projection rebuilt from scratch, table
 by table and term by term in the search index, its live rows must be the log's live
@@ -49,15 +51,35 @@ message = st.one_of(
 )
 session = st.sampled_from(SESSIONS)
 index = st.integers(0, 30)
+# Numbers as the log takes them, SQLite's limits included (a 64-bit unsigned one is stored as text).
+number = st.one_of(st.integers(0, 10**12), st.integers(2**63 - 2, 2**64 - 1), st.floats(0, 1e6))
+override = st.fixed_dictionaries(
+    {"content": words},
+    optional={
+        "display_kind": words,
+        "timestamp": st.one_of(number, words),
+        "platform_message_id": st.one_of(words, number),
+        "role": st.sampled_from(["user", "assistant"]),
+        "extra": words,
+    },
+)
 operation = st.one_of(
     st.tuples(st.just("extend"), session, st.lists(message, min_size=1, max_size=4)),
+    st.tuples(st.just("append"), session, st.lists(message, min_size=1, max_size=3)),
     st.tuples(st.just("edit"), session, index, message),
     st.tuples(st.just("truncate"), session, index),
+    st.tuples(st.just("replace"), session, st.lists(message, min_size=1, max_size=3)),
     st.tuples(st.just("rewind"), session, index),
     st.tuples(st.just("compact"), session, index, index, st.lists(message, min_size=0, max_size=2)),
+    st.tuples(st.just("flush_summary"), session, index, st.lists(message, min_size=1, max_size=2)),
     st.tuples(st.just("fork"), session, st.sampled_from(SESSIONS), index),
-    st.tuples(st.just("override"), session, index, words),
-    st.tuples(st.just("update"), session, words, st.integers(0, 50)),
+    st.tuples(st.just("override"), session, index, override),
+    st.tuples(
+        st.just("update"),
+        session,
+        st.dictionaries(st.sampled_from(["title", "model", "topic"]), st.one_of(words, st.none(), st.lists(st.integers(-5, 5), max_size=2)), max_size=2),
+        st.dictionaries(st.sampled_from(["input_tokens", "cost_usd", "api_calls"]), st.one_of(number, st.floats(1e307, 1.7e308)), max_size=2),
+    ),
     st.tuples(st.just("close"), session, words),
 )
 projection_step = st.one_of(
@@ -73,6 +95,13 @@ def run(log: EventLog, op: tuple[Any, ...]) -> None:
     live = log.messages(sid) if sid in log else []
     if kind == "extend":
         log.flush(sid, live + op[2])
+    elif kind == "append":
+        log.append(sid, op[2])
+    elif kind == "replace" and sid in log:
+        log.flush(sid, op[2], replace=True)
+    elif kind == "flush_summary" and live:  # an agent's own compaction, through flush
+        k = op[2] % len(live)
+        log.flush(sid, live[:k] + [{**m, "_compressed_summary": True} for m in op[3]] + live[k + 1 :])
     elif kind == "edit" and live:
         k = op[2] % len(live)
         log.flush(sid, live[:k] + [op[3]] + live[k + 1 :], replace=k == 0)
@@ -90,9 +119,9 @@ def run(log: EventLog, op: tuple[Any, ...]) -> None:
         log.fork(sid, op[2], at=op[3] % (len(live) + 1))
     elif kind == "override" and live:
         k = op[2] % len(live)
-        log.flush(sid, live, overrides={k: {"content": op[3], "display_kind": "shown"}})
-    elif kind == "update":
-        log.update_session(sid, title=op[2], input_tokens=op[3], cost_usd=op[3] / 8)
+        log.flush(sid, live, overrides={k: op[3]})
+    elif kind == "update" and (op[2] or op[3]):
+        log.update_session(sid, **op[2], **op[3])
     elif kind == "close" and sid in log:
         log.close_session(sid, reason=op[2])
 
