@@ -486,6 +486,7 @@ class Store:
                     return
                 grow_to = 0
                 if txn is not None:
+                    self._pending_tail = None  # this transaction's own, for _landed()
                     try:
                         if self._zero_fd is not None:
                             self._preallocate()

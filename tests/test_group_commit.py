@@ -305,3 +305,28 @@ def test_a_write_too_big_for_the_largest_map_fails_alone(tmp_path):
         assert [log.messages(f"small{i}") for i in range(3)] == [[user(f"hello {i}")] for i in range(3)]
         assert "big" not in log.sessions()
         assert log.verify().ok
+
+
+def test_an_interrupt_before_any_event_of_a_group_acknowledges_nothing(tmp_path, monkeypatch):
+    """Ctrl-C while the committing thread zeroes space ahead (a long sync, before any event of
+    the group is written) must not pass the previous group's commit off as this one's."""
+    with EventLog.open(tmp_path / "synced", durability="full") as synced:
+        store = synced._store
+        synced.flush("before", [user("q")])  # a committed group: the store remembers its tail
+        real = type(store)._preallocate
+        fired = []
+
+        def interrupted(self):
+            if not fired:
+                fired.append(True)
+                raise KeyboardInterrupt
+            return real(self)
+
+        monkeypatch.setattr(type(store), "_preallocate", interrupted)
+        results, _ = run_grouped(synced, [lambda i=i: synced.flush(f"s{i}", [user(f"q{i}")]) for i in range(3)])
+        monkeypatch.undo()
+        assert fired and isinstance(results[0], KeyboardInterrupt)
+        for r in results[1:]:
+            assert isinstance(r, EventLogError) and "nothing of it was stored" in str(r)
+        assert synced.sessions() == ["before"]
+        assert synced.verify().ok
