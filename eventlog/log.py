@@ -95,7 +95,7 @@ class EventLog:
         if self._projections and project_in_background:
             self._projector = Projector(self, self._projections)
             for projection in self._projections:
-                bind(projection, self._projector.wait)
+                bind(projection, self._projector.waiter(projection))
 
     @classmethod
     def open(

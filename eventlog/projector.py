@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Protocol
 
@@ -56,7 +57,8 @@ class Projector:
         self._cond = threading.Condition()
         self._wanted = 0  # newest seq a write has asked for
         self._done = 0  # every seq up to this one has been applied (or attempted)
-        self._failed = False  # the last catch-up of some projection raised
+        self._failing: set[int] = set()  # indexes of the projections whose last catch-up raised
+        self._streak = 0  # failed rounds in a row (the first is logged in full)
         self._rounds = 0  # catch-up rounds finished
         self._retry = False  # a reader asks for another round after a failed one
         self._pause = 0.0  # before the next round after a failed one
@@ -72,27 +74,36 @@ class Projector:
                 self._wanted = seq
                 self._cond.notify_all()
 
-    def wait(self, timeout: float | None = None) -> bool:
-        """Block until every write poked so far has been applied.
+    def wait(self, timeout: float | None = None, projection: Projection | None = None) -> bool:
+        """Block until every write poked so far has been applied (to ``projection``, or to all).
 
-        When the last round failed, first asks for another one and waits for it.  False
-        on timeout, or when the catch-up of a projection failed again (it was logged).
-        Returns at once on the projector's own thread (a projection reading while it
-        catches up) and once the thread has stopped.
+        When the last round failed for it, first asks for another one and waits for that.
+        False on timeout, or when its catch-up failed again (it was logged).  Returns at
+        once on the projector's own thread (a projection reading while it catches up), and
+        once the thread has stopped or is gone (in a child after ``fork()``).
         """
         if threading.current_thread() is self._thread:
             return True
+        deadline = None if timeout is None else time.monotonic() + timeout
+
+        def left() -> float | None:
+            return None if deadline is None else max(0.0, deadline - time.monotonic())
+
         with self._cond:
             target = self._wanted
-            if self._failed and not self._stopped:
+            if self._fails(projection) and self._running():
                 rounds = self._rounds
                 self._retry = True
                 self._cond.notify_all()
-                if not self._cond.wait_for(lambda: self._rounds > rounds or self._stopped, timeout):
+                if not self._cond.wait_for(lambda: self._rounds > rounds or not self._running(), left()):
                     return False
-            if not self._cond.wait_for(lambda: self._done >= target or self._stopped, timeout):
+            if not self._cond.wait_for(lambda: self._done >= target or not self._running(), left()):
                 return False
-            return self._done >= target and not self._failed
+            return self._done >= target and not self._fails(projection)
+
+    def waiter(self, projection: Projection) -> Callable[[float | None], bool]:
+        """:meth:`wait` for ``projection`` alone: another one failing is not its readers' concern."""
+        return lambda timeout: self.wait(timeout, projection)
 
     def close(self) -> None:
         """Apply what is still waiting, then stop the thread."""
@@ -102,37 +113,49 @@ class Projector:
         if threading.current_thread() is not self._thread:
             self._thread.join()
 
+    def _fails(self, projection: Projection | None) -> bool:
+        if projection is None:
+            return bool(self._failing)
+        return any(self._projections[i] is projection for i in self._failing)
+
+    def _running(self) -> bool:
+        return not self._stopped and self._thread.is_alive()
+
     def _due(self) -> bool:
-        return self._wanted > self._done or self._stopping or self._retry
+        return self._wanted > self._done or self._stopping or (self._retry and bool(self._failing))
 
     def _run(self) -> None:
         try:
             while True:
                 with self._cond:
                     # After a failed round, the pause running out is due too.
-                    self._cond.wait_for(self._due, self._pause if self._failed else None)
-                    if self._wanted <= self._done and not self._failed:
+                    self._cond.wait_for(self._due, self._pause if self._failing else None)
+                    self._retry = False
+                    if self._wanted <= self._done and not self._failing:
                         if self._stopping:
                             return  # nothing left
                         continue
                     target = self._wanted
-                    self._retry = False
                     last_try = self._stopping  # this round began after close() asked to stop
-                failed = False
-                for projection in self._projections:
+                failing = set()
+                for i, projection in enumerate(self._projections):
                     try:
                         projection.catch_up(self._log)
-                    except Exception:
+                    except Exception as e:
                         # The write is committed; the projection is tried again (see the class).
-                        logger.exception("projection %r failed to catch up", projection)
-                        failed = True
+                        failing.add(i)
+                        if self._streak == 0:
+                            logger.exception("projection %r failed to catch up", projection)
+                        else:
+                            logger.warning("projection %r still fails to catch up (%d rounds): %s", projection, self._streak + 1, e)
                 with self._cond:
                     self._done = max(self._done, target)
-                    self._failed = failed
+                    self._failing = failing
+                    self._streak = self._streak + 1 if failing else 0
                     self._rounds += 1
-                    self._pause = min(max(2 * self._pause, RETRY_MIN), RETRY_MAX) if failed else 0.0
+                    self._pause = min(max(2 * self._pause, RETRY_MIN), RETRY_MAX) if failing else 0.0
                     self._cond.notify_all()
-                    if failed and last_try:
+                    if failing and last_try:
                         return  # closing: that was the last try
         finally:
             with self._cond:

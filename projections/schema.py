@@ -20,8 +20,18 @@ VERSION: Final = 2
 REPROJECT: Final = "reproject"
 """A migration that rebuilds the schema and resets the checkpoint to re-project the log."""
 
+# Code of schema version 1 still running in another process moves ``last_seq`` without
+# ``last_hash``: the hash then no longer names event ``last_seq``, and is forgotten.
+_FORGET_STALE_HASH: Final = """
+CREATE TRIGGER checkpoint_stale_hash AFTER UPDATE OF last_seq ON checkpoint
+WHEN NEW.last_seq != OLD.last_seq AND NEW.last_hash IS OLD.last_hash
+BEGIN
+    UPDATE checkpoint SET last_hash = NULL;
+END;
+"""
+
 MIGRATIONS: dict[int, str] = {
-    2: "ALTER TABLE checkpoint ADD COLUMN last_hash BLOB;",
+    2: "ALTER TABLE checkpoint ADD COLUMN last_hash BLOB;\n" + _FORGET_STALE_HASH,
 }
 """Target version -> SQL script or :data:`REPROJECT`, to go from ``version - 1`` to ``version``.
 
@@ -37,7 +47,7 @@ CREATE TABLE checkpoint (
     last_hash     BLOB                        -- hash of event last_seq: the next one must chain to it
 );
 INSERT INTO checkpoint (id) VALUES (1);
-
+""" + _FORGET_STALE_HASH + """
 CREATE TABLE sessions (
     id                 TEXT PRIMARY KEY,
     parent_id          TEXT,              -- the session this one was forked from
@@ -145,7 +155,11 @@ def drop(db: sqlite3.Connection) -> None:
 def refuse_foreign(db: sqlite3.Connection, path: str) -> None:
     """Raise :class:`ProjectionError` for a database that holds tables but no projection
     schema version: another application's file, which must be left as it is."""
-    if version(db) == 0 and db.execute("SELECT count(*) FROM sqlite_master").fetchone()[0]:
+    # One statement, so one snapshot: a process creating the schema meanwhile is seen whole.
+    current, objects = db.execute(
+        "SELECT (SELECT user_version FROM pragma_user_version), (SELECT count(*) FROM sqlite_master)"
+    ).fetchone()
+    if current == 0 and objects:
         raise ProjectionError(
             f"{path}: not a transcript projection (it holds tables but no projection schema "
             "version); give the projection a file of its own"

@@ -397,13 +397,14 @@ class SQLiteProjection:
 
         A chunk ends only where one write of the log ends, so that readers of the file never
         see part of one (a compaction's tombstones without the summary that replaces them).
-        The events of one write carry the same time; another write's is a different one
-        (or, if it came in the same nanosecond, the chunk only grows).
+        The events of one write carry the same time; another write's is a different one (or,
+        if it came in the same nanosecond, the chunk only grows).  A clock that does not
+        move at all (frozen in a test) is bounded too: a chunk ends at 8 times ``batch``.
         """
         chunk: list[Record] = []
         size = 0
         for record in records:
-            if size >= self.batch and record.time_ns != chunk[-1].time_ns:
+            if size >= self.batch and (record.time_ns != chunk[-1].time_ns or size >= 8 * self.batch):
                 yield chunk
                 chunk, size = [], 0
             chunk.append(record)
@@ -433,7 +434,7 @@ class SQLiteProjection:
         if self._wait is not None and not self._wait(None):
             raise ProjectionError(
                 f"{self.path}: behind its log: catching up with the latest writes failed "
-                "(the 'eventlog' logger has the error; it is tried again)"
+                "(the 'eventlog' logger has the error)"
             )
 
     def _rows(self, sql: str, params: Any) -> list[dict[str, Any]]:

@@ -227,7 +227,8 @@ def test_the_checkpoint_gains_the_last_events_hash_by_migration(tmp_path: Path, 
     log.flush("s", [user("a")])
     with SQLiteProjection(tmp_path / "p.db") as proj:
         proj.catch_up(log)
-    db = sqlite3.connect(tmp_path / "p.db")
+    db = sqlite3.connect(tmp_path / "p.db")  # back to what version 1 wrote
+    db.execute("DROP TRIGGER checkpoint_stale_hash")
     db.execute("ALTER TABLE checkpoint DROP COLUMN last_hash")
     db.execute("PRAGMA user_version = 1")
     db.commit()
@@ -239,7 +240,29 @@ def test_the_checkpoint_gains_the_last_events_hash_by_migration(tmp_path: Path, 
     db = sqlite3.connect(tmp_path / "p.db")
     assert db.execute("PRAGMA user_version").fetchone()[0] == schema.VERSION
     assert db.execute("SELECT last_hash FROM checkpoint").fetchone()[0] == list(log.events())[-1].hash
+    assert db.execute("SELECT count(*) FROM sqlite_master WHERE name = 'checkpoint_stale_hash'").fetchone()[0] == 1
     db.close()
+
+
+def test_a_checkpoint_moved_without_its_hash_forgets_the_hash(tmp_path: Path, log: EventLog) -> None:
+    """Code of schema version 1, still running in another process, moves ``last_seq`` and knows
+    nothing of ``last_hash``: the hash no longer names the last event and must not be checked."""
+    log.flush("s", [user("a")])
+    proj = SQLiteProjection(tmp_path / "p.db")
+    proj.catch_up(log)
+    log.flush("s", [user("a"), assistant("b")])
+    other = sqlite3.connect(tmp_path / "p.db", isolation_level=None)
+    other.execute("UPDATE checkpoint SET last_seq = last_seq + 1")  # as the older code records one more event
+    assert other.execute("SELECT last_hash FROM checkpoint").fetchone()[0] is None
+    other.execute("UPDATE checkpoint SET last_seq = last_seq - 1")  # (undone, so this process applies it)
+    other.close()
+    log.flush("s", [user("a"), assistant("b"), user("c")])
+    assert proj.catch_up(log) == 2  # no stale hash to refuse it with
+    assert [r["content"] for r in proj.messages("s")] == ["a", "b", "c"]
+    db = sqlite3.connect(tmp_path / "p.db")
+    assert db.execute("SELECT last_hash FROM checkpoint").fetchone()[0] == list(log.events())[-1].hash
+    db.close()
+    proj.close()
 
 
 class Interleaved:
@@ -351,6 +374,24 @@ def test_catch_up_never_shows_readers_part_of_a_write(tmp_path: Path, log: Event
     reader.close()
     proj.close()
     assert seen and set(seen) <= {30, 2}, f"a reader saw session s with {seen} live rows (the log: 30, then 2)"
+
+
+def test_catch_up_chunks_stay_bounded_when_the_clock_stands_still(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Writes are told apart by their time; a clock frozen by a test framework must not turn a
+    catch-up into one transaction of everything."""
+    import eventlog.store
+
+    monkeypatch.setattr(eventlog.store.time, "time_ns", lambda: 1_700_000_000_000_000_000)
+    with EventLog.open(tmp_path / "log", durability="none") as log:
+        for i in range(200):
+            log.flush(f"s{i % 7}", [user(f"m{j}") for j in range(i // 7 + 1)])
+        proj = SQLiteProjection(tmp_path / "p.db", batch=10)
+        sizes: list[int] = []
+        apply_chunk = proj._apply_chunk
+        monkeypatch.setattr(proj, "_apply_chunk", lambda applier, last, chunk: sizes.append(len(chunk)) or apply_chunk(applier, last, chunk))
+        assert proj.catch_up(log) == log.last_seq
+        proj.close()
+        assert sum(sizes) == log.last_seq and max(sizes) <= 80, sizes
 
 
 def test_failed_batch_rolls_back_with_its_checkpoint(tmp_path: Path, log: EventLog) -> None:

@@ -178,3 +178,88 @@ def test_closing_the_log_tries_a_failed_catch_up_once_more(tmp_path: Path, monke
         blocker.rollback()
         assert raw_count(tmp_path / "p.db") == 0
     assert raw_count(tmp_path / "p.db") == 2  # closing the log applied it
+
+
+class Broken:
+    """A projection that applies the catch-up at open and fails every one after it."""
+
+    def __init__(self) -> None:
+        self.calls = 0
+
+    def catch_up(self, log: EventLog) -> int:
+        self.calls += 1
+        if self.calls > 1:
+            raise RuntimeError("this projection is broken")
+        return 0
+
+
+def test_one_failing_projection_does_not_fail_the_reads_of_another(tmp_path: Path) -> None:
+    good = SQLiteProjection(tmp_path / "good.db")
+    closed_first = SQLiteProjection(tmp_path / "closed.db")
+    with EventLog.open(tmp_path / "log", projections=[good, Broken(), closed_first]) as log:
+        closed_first.close()  # done with it before the log: its catch-ups fail from now on
+        log.flush("s", [user("q")])
+        assert not log.sync_projections(timeout=30)  # the log as a whole is behind: says so
+        assert [r["content"] for r in good.messages("s")] == ["q"]  # this projection is not
+    good.close()
+
+
+def test_the_projector_rests_after_a_retry_a_reader_asked_for(tmp_path: Path) -> None:
+    """A reader asking for another round while one runs, and that round succeeding, must leave
+    the projector idle, not spinning on a request nobody needs any more."""
+
+    class Flaky:
+        def __init__(self) -> None:
+            self.calls = 0
+            self.retrying = threading.Event()
+
+        def catch_up(self, log: EventLog) -> int:
+            self.calls += 1
+            if self.calls == 2:
+                raise RuntimeError("transient")
+            if self.calls == 3:  # the retry after the pause: a reader asks for one meanwhile
+                self.retrying.set()
+                for _ in range(500):
+                    if log._projector._retry:
+                        break
+                    threading.Event().wait(0.01)
+            return 0
+
+    flaky = Flaky()
+    with EventLog.open(tmp_path / "log", projections=[flaky]) as log:
+        log.flush("s", [user("q")])
+        assert flaky.retrying.wait(30)
+        assert log.sync_projections(timeout=30)
+        projector = log._projector
+        wakes = [0]
+        due = projector._due
+
+        def counted() -> bool:
+            wakes[0] += 1
+            return due()
+
+        projector._due = counted
+        threading.Event().wait(0.3)
+        assert wakes[0] < 5, f"{wakes[0]} wake-ups in 0.3 s with nothing to do"
+
+
+@pytest.mark.skipif(not hasattr(__import__("os"), "fork"), reason="needs fork()")
+def test_waiting_in_a_forked_child_never_hangs(tmp_path: Path) -> None:
+    """The projector thread does not exist in a child made by fork(): waiting for it there
+    returns at once instead of waiting for a round that will never run."""
+    import os
+
+    log = EventLog.open(tmp_path / "log", projections=[Broken()])
+    try:
+        log.flush("s", [user("q")])
+        assert not log.sync_projections(timeout=30)  # the last round failed
+        pid = os.fork()
+        if pid == 0:
+            import signal
+
+            signal.alarm(10)  # a hang ends the child with SIGALRM
+            os._exit(0 if log._projector.wait(None) is False else 1)
+        _, status = os.waitpid(pid, 0)
+        assert os.waitstatus_to_exitcode(status) == 0
+    finally:
+        log.close()
