@@ -16,6 +16,7 @@ from __future__ import annotations
 import os
 import sqlite3
 import threading
+import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any
@@ -72,22 +73,38 @@ class SQLiteProjection:
         except sqlite3.Error as e:
             raise ProjectionError(f"{self.path}: cannot open the projection ({e})") from e
         try:
-            with self._translate():
-                schema.refuse_foreign(self._db, self.path)  # before a pragma changes the file
-                # Rows hold the message twice (text projection and JSON), about 2 KB: with
-                # 16 KiB pages they pack six to a page instead of one to a 4 KiB page, and
-                # bulk writes and commits cost a third less.  Only a new file takes it.
-                self._db.execute("PRAGMA page_size = 16384")
-                self._db.execute("PRAGMA journal_mode = WAL")
-                # The log is the source of truth: losing the last commits in a power cut only
-                # moves the checkpoint back, and catch-up replays them.
-                self._db.execute("PRAGMA synchronous = NORMAL")
-                self._db.execute("PRAGMA cache_size = -65536")
-                self._db.execute("PRAGMA temp_store = MEMORY")
-                schema.migrate(self._db, self.path)
+            # Processes opening a new file together can each hold a lock the other needs to
+            # switch it to WAL mode or create the schema; SQLite then answers "locked" at once
+            # rather than wait.  Every step is idempotent: try again until the busy timeout.
+            deadline = time.monotonic() + BUSY_TIMEOUT
+            pause = 0.005
+            while True:
+                try:
+                    with self._translate():
+                        self._set_up()
+                    break
+                except ProjectionError as e:
+                    if not _busy(e) or time.monotonic() + pause > deadline:
+                        raise
+                time.sleep(pause)
+                pause = min(2 * pause, 0.1)
         except BaseException:
             self._db.close()
             raise
+
+    def _set_up(self) -> None:
+        schema.refuse_foreign(self._db, self.path)  # before a pragma changes the file
+        # Rows hold the message twice (text projection and JSON), about 2 KB: with 16 KiB
+        # pages they pack six to a page instead of one to a 4 KiB page, and bulk writes and
+        # commits cost a third less.  Only a new file takes it.
+        self._db.execute("PRAGMA page_size = 16384")
+        self._db.execute("PRAGMA journal_mode = WAL")
+        # The log is the source of truth: losing the last commits in a power cut only moves
+        # the checkpoint back, and catch-up replays them.
+        self._db.execute("PRAGMA synchronous = NORMAL")
+        self._db.execute("PRAGMA cache_size = -65536")
+        self._db.execute("PRAGMA temp_store = MEMORY")
+        schema.migrate(self._db, self.path)
 
     # -- lifecycle -------------------------------------------------------------
 
@@ -467,6 +484,13 @@ class SQLiteProjection:
             yield
         except sqlite3.Error as e:
             raise ProjectionError(f"{self.path}: {type(e).__name__}: {e}") from e
+
+
+def _busy(error: ProjectionError) -> bool:
+    """Whether ``error`` is SQLite's "busy" or "locked": another connection's lock, for now."""
+    cause = error.__cause__
+    code = getattr(cause, "sqlite_errorcode", None)
+    return isinstance(cause, sqlite3.OperationalError) and code is not None and code & 0xFF in (5, 6)
 
 
 __all__ = ["SNIPPET_MARKS", "SQLiteProjection"]

@@ -113,6 +113,38 @@ def test_another_applications_database_is_refused_and_left_as_it_was(tmp_path: P
     db.close()
 
 
+def test_processes_opening_a_new_projection_together_all_succeed(tmp_path: Path) -> None:
+    """Two processes creating the same projection file at the same moment: each may hold a lock
+    the other needs (to switch to WAL mode, to create the schema), and SQLite answers "locked"
+    at once instead of waiting.  Both opens must succeed all the same."""
+    import subprocess
+
+    from crashkit import child_env
+
+    opener = (
+        "import sys, time\n"
+        "from projections import SQLiteProjection\n"
+        "start = float(sys.argv[2])\n"
+        "time.sleep(max(0.0, start - time.time()))\n"
+        "SQLiteProjection(sys.argv[1]).close()\n"
+    )
+    failures = []
+    for round_ in range(6):
+        start = time.time() + 0.6  # after both interpreters have started
+        path = str(tmp_path / f"p{round_}.db")
+        procs = [
+            subprocess.Popen([sys.executable, "-c", opener, path, repr(start)], env=child_env(), stderr=subprocess.PIPE, text=True)
+            for _ in range(2)
+        ]
+        for proc in procs:
+            _, err = proc.communicate(timeout=120)
+            if proc.returncode:
+                failures.append(err.strip().splitlines()[-1])
+        with SQLiteProjection(path) as proj:
+            assert proj.sessions() == []
+    assert not failures, failures
+
+
 def test_an_empty_database_file_becomes_a_projection(tmp_path: Path) -> None:
     sqlite3.connect(tmp_path / "empty.db").close()
     SQLiteProjection(tmp_path / "empty.db").close()
