@@ -8,6 +8,7 @@ usage errors exit 2.  ``python -m eventlog.cli`` is the same command.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import sys
@@ -26,7 +27,7 @@ from rich.table import Table
 
 from . import events as ev
 from .errors import EventLogError, HistoryMismatchError, UnknownSessionError
-from .interchange import FORMATS, export_lines, read_jsonl, text_of
+from .interchange import FORMATS, export_lines, function_of, read_jsonl, text_of, tool_calls
 from .log import EventLog
 from .replay import Occurrence
 from .store import Record
@@ -334,12 +335,13 @@ def render_message(message: Mapping[str, Any], *, width: int | None = 160) -> st
         role = f"{label} ({call})" if call else label
     if text:
         parts.append(_clip(text, width))
-    for call in message.get("tool_calls") or ():
-        function = call.get("function", {}) if isinstance(call, Mapping) else {}
+    for call in tool_calls(message):
+        function = function_of(call)
         arguments = function.get("arguments", "")
         if not isinstance(arguments, str):
             arguments = json.dumps(arguments, ensure_ascii=False)
-        parts.append(f"→ {function.get('name', '?')}({_clip(arguments, 80 if width else None)}) [{call.get('id', '')}]")
+        call_id = call.get("id", "") if isinstance(call, Mapping) else ""
+        parts.append(f"→ {function.get('name', '?')}({_clip(arguments, 80 if width else None)}) [{call_id}]")
     body = "\n    ".join(parts) if width is None else "  ".join(parts)
     return f"{role}: {body}" if body else f"{role}:"
 
@@ -777,7 +779,7 @@ def tail(session: str | None, count: int, once: bool, timeout: float | None, int
 @cli.command(name="import")
 @click.argument("file", type=click.Path(dir_okay=False, allow_dash=True))
 @click.option("--session", "session", metavar="SESSION", help="Session to import into (default: the file name without extension).")
-@click.option("--split", is_flag=True, help='Each {"messages": [...]} line is its own session SESSION-1, SESSION-2, ...')
+@click.option("--split", is_flag=True, help='Each {"messages": [...]} line (and each run of message lines) is its own session SESSION-1, SESSION-2, ... (numbered even when there is one).')
 @click.option("--replace", is_flag=True, help="Replace an existing transcript that the file does not extend (tombstone reason clear).")
 @click.option("--durability", type=click.Choice(["full", "process", "none"]), default="full", show_default=True, help="Sync mode of the write.")
 @click.option("--json", "as_json", is_flag=True, help="Print what was written as JSON.")
@@ -786,8 +788,8 @@ def import_(file: str, session: str | None, split: bool, replace: bool, durabili
 
     Each line is one message object, or an OpenAI-style {"messages": [...]} object.
     The file is flushed like an agent's list: importing it again writes nothing, and
-    a longer version of the file appends only what is new. A bad line fails the whole
-    import with its line number; nothing of the file is written.
+    a longer version of the file appends only what is new. A bad line, or a session
+    the file does not continue, fails the whole import; nothing of the file is written.
     """
     if session is None:
         if file == "-":
@@ -800,22 +802,24 @@ def import_(file: str, session: str | None, split: bool, replace: bool, durabili
         except UnicodeDecodeError as e:
             _fail(f"{name}: not UTF-8 text ({e.reason} at byte {e.start})")
     conversations = read_jsonl(text, name=name, split=split)
-    if split and len(conversations) > 1:
-        targets = [(f"{session}-{i}", c) for i, c in enumerate(conversations, start=1)]
+    if split:  # numbered even when there is one, so that a file that grows keeps its names
+        targets = {f"{session}-{i}": c for i, c in enumerate(conversations, start=1)}
     else:
-        targets = [(session, conversations[0])]
-    results = []
+        targets = {session: conversations[0]}
     with _open_log(write=True, durability=durability) as log:
-        for target, conversation in targets:
-            try:
-                result = log.flush(target, conversation.messages, replace=replace)
-            except HistoryMismatchError:
-                stored = len(log.messages(target))
-                _fail(
-                    f"session {target!r} already holds {stored} messages and {name} does not continue them; "
-                    "pass --replace to replace the transcript, or choose another --session"
-                )
-            results.append({"session": target, "messages": len(conversation.messages), "appended": result.appended, "tombstoned": result.tombstoned, "head": result.head})
+        try:  # one transaction: every session of the file is written, or none
+            written = log.flush_many({target: c.messages for target, c in targets.items()}, replace=replace)
+        except HistoryMismatchError as e:
+            target = e.session or session
+            stored = len(log.messages(target))
+            _fail(
+                f"session {target!r} already holds {stored} messages and {name} does not continue them; "
+                "nothing was imported; pass --replace to replace the transcript, or choose another --session"
+            )
+    results = [
+        {"session": target, "messages": len(c.messages), "appended": written[target].appended, "tombstoned": written[target].tombstoned, "head": written[target].head}
+        for target, c in targets.items()
+    ]
     if as_json:
         _print_json(results)
         return
@@ -865,9 +869,32 @@ def export(session: str, fmt: str, output: str, as_of: int | None, repair: bool)
     with _open_log() as log:
         _require_session(log, session)
         messages = log.messages(session, as_of=as_of, repair_tool_calls=repair)
-    with click.open_file(output, "w", encoding="utf-8") as handle:
-        for line in export_lines(messages, fmt):
-            handle.write(line + "\n")
+    lines = (line + "\n" for line in export_lines(messages, fmt))
+    if output == "-":
+        with click.open_file("-", "w", encoding="utf-8") as handle:  # UTF-8 whatever the locale
+            handle.writelines(lines)
+        return
+    try:
+        _write_whole(output, lines)
+    except OSError as e:
+        _fail(f"{output}: {e.strerror or e}; the file is left as it was")
+
+
+def _write_whole(path: str, lines: Iterator[str]) -> None:
+    """Write ``lines`` to ``path`` whole or not at all: into a new file beside it, synced and
+    renamed over it, so a failure (a full disk) leaves the previous file and no partial one."""
+    folder, name = os.path.split(os.path.abspath(path))
+    temporary = os.path.join(folder, f".{name}.{os.getpid()}.tmp")
+    try:
+        with open(temporary, "x", encoding="utf-8") as handle:
+            handle.writelines(lines)
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.replace(temporary, path)
+    except BaseException:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(temporary)
+        raise
 
 
 # -- entry points -------------------------------------------------------------

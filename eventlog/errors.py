@@ -20,8 +20,13 @@ class HistoryMismatchError(EventLogError):
     """A snapshot shares no prefix with the non-empty stored transcript.
 
     Almost always a caller passing a window of the history or the wrong session;
-    pass ``replace=True`` to replace the transcript on purpose.
+    pass ``replace=True`` to replace the transcript on purpose.  ``session`` names the
+    session whose stored transcript the list did not continue.
     """
+
+    def __init__(self, message: str, *, session: str | None = None) -> None:
+        super().__init__(message)
+        self.session = session
 
 
 class InvalidMessageError(EventLogError, ValueError):

@@ -3,7 +3,11 @@
 Reading (:func:`read_jsonl`) accepts two shapes per line, mixed freely:
 
 - a message: a JSON object such as ``{"role": "user", "content": "hi"}``;
-- a conversation: an OpenAI fine-tuning line ``{"messages": [...]}``.
+- a conversation: an OpenAI fine-tuning line ``{"messages": [...]}``, possibly with the
+  line's ``tools``, ``functions`` and ``parallel_tool_calls`` beside it.  Those describe
+  the request, not the transcript, and are not imported.  An object with other keys
+  beside ``messages`` (such as a Responses-API item ``{"type": ..., "messages": ...}``)
+  is a message, so every message the log exports reads back as itself.
 
 The whole file is parsed and checked before anything is written, so a bad line
 fails the import with its line number and nothing of the file is stored.
@@ -49,6 +53,11 @@ class Conversation:
     lines: list[int]
 
 
+CONVERSATION_KEYS = frozenset({"messages", "tools", "functions", "parallel_tool_calls"})
+"""The keys of a conversation line (an OpenAI fine-tuning line); any other key makes the
+object a message."""
+
+
 def _reject_constant(name: str) -> Any:
     raise ValueError(f"{name} is not a JSON-like number")
 
@@ -66,7 +75,9 @@ def read_jsonl(text: str, *, name: str = "<input>", split: bool = False) -> list
     """
     conversations: list[Conversation] = []
     current = Conversation([], [])
-    for number, raw in enumerate(text.splitlines(), start=1):
+    # Lines end at "\n" only: str.splitlines() would also split at U+2028, U+2029 and
+    # U+0085, which JSON leaves unescaped inside strings (and the exports write as is).
+    for number, raw in enumerate(text.split("\n"), start=1):
         line = raw.strip()
         if not line:
             continue
@@ -75,12 +86,14 @@ def read_jsonl(text: str, *, name: str = "<input>", split: bool = False) -> list
             value = json.loads(line, parse_constant=_reject_constant)
         except ValueError as e:
             raise ImportFormatError(f"{where}: not valid JSON ({e})", line=number) from None
+        except RecursionError:
+            raise ImportFormatError(f"{where}: nested too deeply to read", line=number) from None
         if not isinstance(value, dict):
             raise ImportFormatError(
                 f"{where}: expected a JSON object (a message or {{\"messages\": [...]}}), found {_json_type(value)}",
                 line=number,
             )
-        if "messages" in value and "role" not in value:
+        if "messages" in value and value.keys() <= CONVERSATION_KEYS:
             batch = value["messages"]
             if not isinstance(batch, list):
                 raise ImportFormatError(f"{where}: \"messages\" must be a list, found {_json_type(batch)}", line=number)
@@ -156,12 +169,11 @@ def to_sharegpt(messages: Sequence[Mapping[str, Any]]) -> list[dict[str, str]]:
     for message in messages:
         role = str(message.get("role", ""))
         text = text_of(message.get("content"))
-        calls = message.get("tool_calls") or []
+        calls = tool_calls(message)
         if role == "assistant" and calls:
             if text:
                 turns.append({"from": "gpt", "value": text})
-            for call in calls:
-                function = call.get("function", {}) if isinstance(call, Mapping) else {}
+            for function in map(function_of, calls):
                 arguments = function.get("arguments", "")
                 if isinstance(arguments, str):
                     try:
@@ -172,6 +184,18 @@ def to_sharegpt(messages: Sequence[Mapping[str, Any]]) -> list[dict[str, str]]:
             continue
         turns.append({"from": SHAREGPT_ROLES.get(role, role or "unknown"), "value": text})
     return turns
+
+
+def tool_calls(message: Mapping[str, Any]) -> list[Any]:
+    """A message's ``tool_calls`` when they are a list (the log stores any JSON-like value)."""
+    calls = message.get("tool_calls")
+    return calls if isinstance(calls, list) else []
+
+
+def function_of(call: Any) -> Mapping[str, Any]:
+    """The ``function`` object of a tool call, or an empty mapping when there is none."""
+    function = call.get("function") if isinstance(call, Mapping) else None
+    return function if isinstance(function, Mapping) else {}
 
 
 def text_of(content: Any) -> str:

@@ -319,6 +319,53 @@ class EventLog:
         self._store.reserve(nbytes)
         return self._store.write(lambda txn: self._writer.flush(txn, session_id, prepared, notes, expected, replace))
 
+    def flush_many(
+        self,
+        transcripts: Mapping[str, Sequence[Mapping[str, Any]]],
+        *,
+        replace: bool = False,
+    ) -> dict[str, FlushResult]:
+        """:meth:`flush` several sessions in one transaction: every one lands, or none does.
+
+        ``transcripts`` maps a session id to its whole list, as :meth:`flush` takes it
+        (for example a parent agent's session and its sub-agents', or the conversations
+        of an import file).  Each is compared with its stored transcript under the same
+        rules; when one of them raises, nothing of any of them is written.  An error
+        about a message names its session.  Returns each session's result.
+        """
+        if isinstance(transcripts, (str, bytes)) or not isinstance(transcripts, Mapping):
+            raise TypeError(f"transcripts must map session ids to lists of messages, not {type(transcripts).__name__}")
+        prepared: dict[str, Prepared] = {}
+        for session_id, messages in transcripts.items():
+            check_session_id(session_id)
+            if isinstance(messages, (str, bytes, Mapping)) or not isinstance(messages, Sequence):
+                raise TypeError(f"session {session_id!r}: messages must be a list of message dicts, not {type(messages).__name__}")
+            try:
+                prepared[session_id] = prepare(messages, None, ephemeral=self._ephemeral, trust_identity=self._trust_identity)
+            except InvalidMessageError as e:
+                raise InvalidMessageError(f"session {session_id!r}: {e}", index=e.index, path=e.path) from None
+        store, writer = self._store, self._writer
+        with store.read() as txn:  # as in flush: when every list is stored, no write and no sync
+            stored = {session_id: store.session(txn, session_id) for session_id in prepared}
+        if all(
+            len(p.nodes) == (state.length if state else 0) and (not p.nodes or p.nodes[-1] == state.head)
+            for p, state in zip(prepared.values(), stored.values())
+        ):
+            results = {
+                session_id: FlushResult(0, 0, state.length, _head_hex(state.length, state.head)) if state else FlushResult(0, 0, 0, None)
+                for session_id, state in stored.items()
+            }
+        else:
+            store.reserve(sum(len(data) + 200 for p in prepared.values() for data in p.bodies))
+            results = store.write(
+                lambda txn: {session_id: writer.flush(txn, session_id, p, {}, None, replace) for session_id, p in prepared.items()}
+            )
+            self._after_write()
+        for session_id, p in prepared.items():
+            release(p)  # stored now
+            self._cache.put(session_id, p)
+        return results
+
     def append(
         self,
         session_id: str,

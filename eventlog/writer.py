@@ -233,7 +233,8 @@ class Writer:
                 what = "is empty" if not nodes else "shares no prefix with it"
                 raise HistoryMismatchError(
                     f"session {session_id!r} has {length} stored messages and the flushed list {what}; "
-                    "pass replace=True to replace the transcript"
+                    "pass replace=True to replace the transcript",
+                    session=session_id,
                 )
             if summaries:
                 reason = "compaction"

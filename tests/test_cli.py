@@ -257,6 +257,66 @@ def test_import_openai_lines_and_split(tmp_path):
     assert [(r["session"], r["appended"]) for r in rows] == [("ft-1", 2), ("ft-2", 1)]
 
 
+def test_import_split_keeps_its_session_names_as_the_file_grows(tmp_path):
+    log = tmp_path / "log"
+    source = tmp_path / "chats.jsonl"
+    first = json.dumps({"messages": [user("hi"), assistant("hello")]}) + "\n"
+    source.write_text(first)
+    assert run("import", str(source), "--split", log=log).stdout.strip() == "chats-1: 2 messages read, 2 written"
+    source.write_text(first + json.dumps({"messages": [user("bye")]}) + "\n")
+    assert run("import", str(source), "--split", log=log).stdout.splitlines() == [
+        "chats-1: 2 messages read, 0 written",
+        "chats-2: 1 messages read, 1 written",
+    ]
+    with EventLog.open(log, readonly=True) as opened:
+        assert sorted(opened.sessions()) == ["chats-1", "chats-2"]  # conversation 1 stored once
+
+
+def test_an_import_a_session_refuses_writes_none_of_the_file(tmp_path):
+    log = tmp_path / "log"
+    with EventLog.open(log) as opened:
+        opened.flush("chats-2", [user("something else")])
+    source = tmp_path / "chats.jsonl"
+    source.write_text(json.dumps({"messages": [user("a")]}) + "\n" + json.dumps({"messages": [user("b")]}) + "\n")
+    result = run("import", str(source), "--split", log=log)
+    assert_one_line_error(result, "session 'chats-2' already holds 1 messages", "nothing was imported")
+    with EventLog.open(log, readonly=True) as opened:
+        assert list(opened.sessions()) == ["chats-2"]  # chats-1, the first target, was not written either
+        assert opened.messages("chats-2") == [user("something else")]
+
+
+@pytest.mark.parametrize(
+    "message",
+    [
+        {"type": "handoff", "messages": [assistant("inner")]},  # a role-less item with a messages key
+        {"role": "user", "content": "lines\u2028and\u2029paragraphs\u0085next"},  # str.splitlines() splits these
+    ],
+    ids=["messages-key", "line-separators"],
+)
+def test_every_exported_message_reads_back_as_itself(tmp_path, message):
+    log, copy, out = tmp_path / "log", tmp_path / "copy", tmp_path / "s.jsonl"
+    with EventLog.open(log) as opened:
+        opened.flush("s", [user("hi"), message])
+    assert run("export", "s", "-o", str(out), log=log).exit_code == 0
+    result = run("import", str(out), "--session", "s", log=copy)
+    assert result.stdout.strip() == "s: 2 messages read, 2 written", result.output
+    with EventLog.open(log, readonly=True) as a, EventLog.open(copy, readonly=True) as b:
+        assert b.messages("s") == [user("hi"), message]
+        assert a.head("s") == b.head("s")
+
+
+def test_a_fine_tuning_line_with_tools_is_a_conversation(tmp_path):
+    log, source = tmp_path / "log", tmp_path / "ft.jsonl"
+    source.write_text(json.dumps({"messages": [user("a"), assistant("b")], "tools": [{"type": "function"}]}) + "\n")
+    assert run("import", str(source), log=log).stdout.strip() == "ft: 2 messages read, 2 written"
+
+
+def test_a_line_nested_too_deeply_is_a_one_line_error(tmp_path):
+    source = tmp_path / "deep.jsonl"
+    source.write_text(json.dumps(user("fine")) + "\n" + '{"a":' * 5000 + "1" + "}" * 5000 + "\n")
+    assert_one_line_error(run("import", str(source), "--session", "s", log=tmp_path / "log"), f"{source}:2:", "nested too deeply")
+
+
 @pytest.mark.parametrize(
     ("line", "fragment"),
     [
@@ -313,6 +373,41 @@ def test_export_openai_and_sharegpt(logdir):
     assert [t["from"] for t in turns] == ["system", "human", "function_call", "observation", "gpt"]
     assert json.loads(turns[2]["value"]) == {"name": "lookup", "arguments": {"q": "lmdb"}}
     assert turns[3]["value"] == "a memory-mapped key-value store"
+
+
+@pytest.mark.parametrize(
+    "calls",
+    [[{"id": "c", "function": None}], ["not a call"], {"id": "c", "function": {"name": "f"}}, "text"],
+    ids=["function-null", "call-is-text", "calls-is-an-object", "calls-is-text"],
+)
+def test_odd_tool_calls_are_shown_and_exported_not_a_crash(tmp_path, calls):
+    log = tmp_path / "log"
+    with EventLog.open(log) as opened:
+        opened.flush("s", [user("go"), {"role": "assistant", "content": "ok", "tool_calls": calls}])
+    for args in (("show", "s"), ("show", "s", "--repair"), ("export", "s", "--format", "sharegpt")):
+        result = run(*args, log=log)
+        assert result.exit_code == 0, (args, result.output)
+    turns = json.loads(run("export", "s", "--format", "sharegpt", log=log).stdout)["conversations"]
+    assert turns[0] == {"from": "human", "value": "go"} and turns[1]["value"] in ("ok", json.dumps({"name": "", "arguments": ""}, separators=(",", ":")))
+
+
+def test_a_failed_export_leaves_the_previous_file_as_it_was(logdir, tmp_path, monkeypatch):
+    import errno
+
+    import eventlog.cli
+
+    out = tmp_path / "chat.jsonl"
+    out.write_text("previous export\n")
+
+    def full_disk(messages, fmt):
+        yield "{}"
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(eventlog.cli, "export_lines", full_disk)
+    result = run("export", "chat", "-o", str(out), log=logdir)
+    assert_one_line_error(result, str(out), "No space left on device")
+    assert out.read_text() == "previous export\n"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["chat.jsonl", "log"]  # no temporary file left
 
 
 # -- tail -----------------------------------------------------------------------

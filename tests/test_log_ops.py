@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from eventlog import EMPTY_HEAD, ConflictError, UnknownSessionError, events
+from eventlog import EMPTY_HEAD, ConflictError, HistoryMismatchError, InvalidMessageError, UnknownSessionError, events
 from factories import assistant, tool, user
 
 
@@ -202,3 +202,31 @@ def test_a_log_used_in_a_forked_child_refuses_with_a_clear_error(log):
     assert os.waitstatus_to_exitcode(status) == 0
     assert log.messages("s") == [user("q")]
     assert log.flush("s", [user("q"), assistant("a")]).appended == 1  # the parent goes on
+
+
+def test_flush_many_writes_every_session_in_one_transaction(log):
+    parent = [user("plan the trip"), assistant("delegating")]
+    child = [user("find trains"), assistant("the 9:05")]
+    results = log.flush_many({"parent": parent, "child": child})
+    assert {s: r.appended for s, r in results.items()} == {"parent": 2, "child": 2}
+    seq = log.last_seq
+    assert results["parent"].head == log.head("parent") and log.messages("child") == child
+    again = log.flush_many({"parent": parent, "child": child, "new": []})  # nothing new: no write
+    assert log.last_seq == seq and {r.appended for r in again.values()} == {0} and again["new"].head is None
+    child.append(user("and back?"))
+    assert log.flush_many({"parent": parent, "child": child})["child"].appended == 1
+    assert log.flush("child", child).appended == 0  # the cache holds what flush_many stored
+
+
+def test_flush_many_writes_nothing_when_one_session_refuses(log):
+    log.flush("b", [user("something else")])
+    seq = log.last_seq
+    with pytest.raises(HistoryMismatchError) as refused:
+        log.flush_many({"a": [user("x")], "b": [user("y")]})
+    assert refused.value.session == "b"
+    assert log.last_seq == seq and "a" not in log.sessions()  # the session before it was not written
+    with pytest.raises(InvalidMessageError, match=r"session 'a': messages\[1\]"):
+        log.flush_many({"b": [user("something else"), user("more")], "a": [user("x"), {"role": "user", "n": float("nan")}]})
+    assert log.last_seq == seq
+    results = log.flush_many({"a": [user("x")], "b": [user("y")]}, replace=True)
+    assert (results["b"].tombstoned, log.messages("b")) == (1, [user("y")])
