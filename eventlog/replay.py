@@ -23,7 +23,7 @@ import msgspec
 
 from . import events as ev
 from .errors import CorruptLogError
-from .store import HEADER, SEQ, SessionState, Store, state_key
+from .store import HEADER, SEQ, STATE, SessionState, Store, state_key
 
 
 @dataclass(frozen=True, slots=True)
@@ -152,7 +152,7 @@ class BodyReader:
             return ahead
         return self.store.raw_event(self.txn, seq)
 
-    def _raw(self, seq: int) -> bytes:
+    def checked(self, seq: int) -> bytes:
         """The stored bytes of event ``seq``, checked against the hash the log recorded for it."""
         store, txn = self.store, self.txn
         raw = self._get(seq)
@@ -166,7 +166,8 @@ class BodyReader:
         else:
             number = HEADER.unpack_from(raw)[3]
             state = txn.get(state_key(number), db=store.index)
-            recorded = SessionState.unpack(number, state).last_hash if state is not None else b""
+            intact = state is not None and len(state) == STATE.size  # a damaged state anchors nothing
+            recorded = SessionState.unpack(number, state).last_hash if intact else b""
         digest = sha256(SEQ.pack(seq))
         digest.update(raw)  # event_hash(seq, raw), without copying the event
         if digest.digest() != recorded:
@@ -175,7 +176,7 @@ class BodyReader:
 
     def _bodies(self, seq: int) -> ev.AppendedBodies:
         """Every message of event ``seq``, decoded in one call."""
-        raw = self._raw(seq)
+        raw = self.checked(seq)
         try:
             return ev.bodies_decoder.decode(memoryview(raw)[HEADER.size :])
         except msgspec.DecodeError as e:
@@ -207,7 +208,7 @@ class BodyReader:
         out: list[dict[str, Any]] = []
         head = b""
         for seq in reversed(seqs):
-            raw = self._raw(seq)
+            raw = self.checked(seq)
             kind = HEADER.unpack_from(raw)[2]
             if kind == _OPENED:
                 try:
@@ -264,7 +265,7 @@ def session_events(store: Store, txn: lmdb.Transaction, state: SessionState, upt
     seq = state.last_seq
     while seq:
         raw = store.raw_event(txn, seq)
-        if raw is None:
+        if raw is None or len(raw) < HEADER.size:
             raise CorruptLogError(f"{store.path}: event {seq} of session {state.number} is missing")
         _, _, _, number, before = HEADER.unpack_from(raw)
         if number != state.number or before >= seq:
@@ -279,18 +280,22 @@ def session_events(store: Store, txn: lmdb.Transaction, state: SessionState, upt
 def replay(store: Store, txn: lmdb.Transaction, session_id: str, upto: int | None = None) -> tuple[list[Occurrence], list[int]]:
     """Every occurrence of a session up to ``upto``, and the indices of the live ones by position.
 
-    Bodies are not loaded here (``message`` stays empty); see :func:`fill`.
+    Bodies are not loaded here (``message`` stays empty); see :func:`fill`.  Each event is
+    checked against the hash the log recorded for it before it is used, so a damaged
+    tombstone, fork or annotation gives :class:`CorruptLogError`, never a wrong history.
     """
+    return _replay(BodyReader(store, txn), session_id, upto)
+
+
+def _replay(reader: BodyReader, session_id: str, upto: int | None) -> tuple[list[Occurrence], list[int]]:
+    store, txn = reader.store, reader.txn
     state = store.session(txn, session_id)
     if state is None:
         return [], []
     occurrences: list[Occurrence] = []
     live: list[int] = []
     for seq in session_events(store, txn, state, upto):
-        raw = store.raw_event(txn, seq)
-        if raw is None:
-            raise CorruptLogError(f"{store.path}: event {seq} of session {session_id!r} is missing")
-        event = store.load(seq, raw).event
+        event = store.load(seq, reader.checked(seq)).event
         if isinstance(event, ev.MessagesAppended):
             if event.position != len(live):
                 raise CorruptLogError(
@@ -320,7 +325,7 @@ def replay(store: Store, txn: lmdb.Transaction, session_id: str, upto: int | Non
             if event.position < len(live):
                 occurrences[live[event.position]].override = event.override
         elif isinstance(event, ev.SessionOpened) and event.source is not None:
-            source_occ, source_live = replay(store, txn, event.source, seq)
+            source_occ, source_live = _replay(reader, event.source, seq)
             for position, index in enumerate(source_live[: event.at]):
                 shared = source_occ[index]
                 live.append(len(occurrences))

@@ -687,17 +687,26 @@ class Store:
         raw = txn.get(session_id.encode("utf-8"), db=self.sessions)
         if raw is None:
             return None
-        number = SEQ.unpack(raw)[0]
-        state = txn.get(state_key(number), db=self.index)
-        if state is None:
-            raise CorruptLogError(f"{self.path}: session {session_id!r} has no state in the index")
-        return SessionState.unpack(number, state)
+        try:
+            number = SEQ.unpack(raw)[0]
+            state = txn.get(state_key(number), db=self.index)
+            if state is None:
+                raise CorruptLogError(f"{self.path}: session {session_id!r} has no state in the index")
+            return SessionState.unpack(number, state)
+        except struct.error:
+            raise CorruptLogError(f"{self.path}: session {session_id!r} has a damaged entry in the index (run verify)") from None
 
     def link(self, txn: lmdb.Transaction, number: int, position: int) -> tuple[bytes, bytes, int, int]:
         raw = txn.get(chain_key(number, position), db=self.index)
         if raw is None:
             raise CorruptLogError(f"{self.path}: live chain entry {number}/{position} is missing")
-        return LINK.unpack(raw)
+        try:
+            return LINK.unpack(raw)
+        except struct.error:
+            raise self._damaged_chain(number) from None
+
+    def _damaged_chain(self, number: int) -> CorruptLogError:
+        return CorruptLogError(f"{self.path}: the live chain of session {number} has a damaged entry (run verify)")
 
     def links(self, txn: lmdb.Transaction, number: int, start: int, stop: int) -> list[tuple[bytes, bytes, int, int]]:
         """Chain entries for positions ``start .. stop-1`` of session ``number``."""
@@ -709,10 +718,13 @@ class Store:
             raise CorruptLogError(f"{self.path}: live chain entry {number}/{start} is missing")
         unpack = LINK.unpack
         last = chain_key(number, stop - 1)
-        for key, value in cursor:
-            out.append(unpack(value))
-            if key >= last:
-                break
+        try:
+            for key, value in cursor:
+                out.append(unpack(value))
+                if key >= last:
+                    break
+        except struct.error:
+            raise self._damaged_chain(number) from None
         if len(out) != stop - start or key != last:
             raise CorruptLogError(f"{self.path}: live chain of session {number} is shorter than its length")
         return out
@@ -725,7 +737,10 @@ class Store:
         if not cursor.set_key(chain_key(number, 0)):
             raise CorruptLogError(f"{self.path}: live chain entry {number}/0 is missing")
         values = cursor.iternext(keys=False, values=True)
-        found = list(map(LOCATION.unpack, islice(values, length)))
+        try:
+            found = list(map(LOCATION.unpack, islice(values, length)))
+        except struct.error:
+            raise self._damaged_chain(number) from None
         if len(found) != length or cursor.key() != chain_key(number, length - 1):
             raise CorruptLogError(f"{self.path}: live chain of session {number} is shorter than its length")
         return found
@@ -853,7 +868,12 @@ class Batch:
 
     def new_session_number(self) -> int:
         raw = self.txn.get(b"next_sid", db=self.store.meta)
+        if raw is not None and len(raw) != SEQ.size:
+            raise CorruptLogError(f"{self.store.path}: the session counter is damaged (run verify)")
         number = SEQ.unpack(raw)[0] if raw is not None else 1
+        if self.txn.get(state_key(number), db=self.store.index) is not None:
+            # A counter moved back would give a new session another one's messages.
+            raise CorruptLogError(f"{self.store.path}: the session counter names session number {number}, which is taken (run verify)")
         self.txn.put(b"next_sid", SEQ.pack(number + 1), db=self.store.meta)
         return number
 

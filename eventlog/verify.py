@@ -9,8 +9,10 @@ chain in memory from the events alone, and checks that
   a stored body with the same digest, and every node digest is
   SHA-256(parent node || content digest) along its session's chain;
 - tombstones and forks name the nodes that were live at the time;
-- the derived indexes (session heads and lengths, the live chain) equal what the
-  events say.
+- each session keeps the number its opening event gave it, and no two share one;
+- the derived indexes (session numbers, heads and lengths, the live chain, the
+  display overrides) equal what the events say, entry for entry, with nothing
+  extra; and the session counter is past every number in use.
 """
 
 from __future__ import annotations
@@ -19,10 +21,11 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from hashlib import sha256
 
+from . import codec
 from . import events as ev
 from .codec import ZERO
 from .errors import CorruptLogError
-from .store import HEADER, LINK, SEQ, SessionState, Store, chain_key, event_hash, state_key
+from .store import HEADER, LINK, SEQ, STATE, SessionState, Store, event_hash
 
 
 @dataclass(frozen=True, slots=True)
@@ -67,6 +70,9 @@ def verify(store: Store, *, progress: Callable[[int, int], None] | None = None, 
     report = VerifyReport()
     problems = report.problems
     chains: dict[str, list[tuple[bytes, bytes, int, int]]] = {}
+    notes: dict[str, dict[int, bytes]] = {}  # session -> position -> node + override, as indexed
+    numbers: dict[str, int] = {}  # session -> the number its opening event gave it
+    owners: dict[int, str] = {}
     digests: dict[int, bytes] = {}  # seq of an append -> its digests, to check references
     prev_hash = bytes(32)
     expected_seq = 1
@@ -89,7 +95,7 @@ def verify(store: Store, *, progress: Callable[[int, int], None] | None = None, 
             if len(raw) < HEADER.size:
                 problems.append(Problem(seq, "envelope is truncated"))
                 continue
-            stored_prev, _, kind, _, before = HEADER.unpack_from(raw)
+            stored_prev, _, kind, number, before = HEADER.unpack_from(raw)
             if stored_prev != prev_hash:
                 problems.append(Problem(seq, "previous-event hash does not match the event before it"))
             prev_hash = event_hash(seq, raw)
@@ -103,15 +109,23 @@ def verify(store: Store, *, progress: Callable[[int, int], None] | None = None, 
                 problems.append(Problem(seq, f"envelope kind {kind} does not match the payload"))
             if before != last_of.get(event.session, 0):
                 problems.append(Problem(seq, f"envelope does not link to the previous event of session {event.session!r}"))
+            if isinstance(event, ev.SessionOpened) and event.session not in numbers:
+                if number in owners:
+                    problems.append(Problem(seq, f"session {event.session!r} opened as number {number}, which {owners[number]!r} has"))
+                numbers[event.session] = number
+                owners.setdefault(number, event.session)
+            elif numbers.get(event.session, number) != number:
+                problems.append(Problem(seq, f"envelope names session number {number}; session {event.session!r} is {numbers[event.session]}"))
             hashes.pop(last_of.get(event.session, 0), None)
             last_of[event.session] = seq
             hashes[seq] = prev_hash
             _check_event(seq, event, chains, digests, problems, report)
+            _track_notes(event, chains, notes)
             if progress is not None and report.events % 4096 == 0:
                 progress(report.events, total)
         if report.events != total:
             problems.append(Problem(0, f"the log ends at event {total}, but {report.events} events were found"))
-        _check_indexes(store, txn, chains, last_of, hashes, problems)
+        _check_indexes(store, txn, chains, notes, numbers, last_of, hashes, problems)
     report.sessions = len(chains)
     if progress is not None:
         progress(report.events, total)
@@ -185,44 +199,116 @@ def _check_event(
             problems.append(Problem(seq, f"annotation of position {event.position} names a node that is not live"))
 
 
+def _track_notes(event: ev.AnyEvent, chains: dict[str, list[tuple[bytes, bytes, int, int]]], notes: dict[str, dict[int, bytes]]) -> None:
+    """Follow the display overrides the index holds for ``event``'s session (after :func:`_check_event`)."""
+    session = event.session
+    if isinstance(event, ev.SessionOpened):
+        source = notes.get(event.source, {}) if event.source is not None else {}
+        notes[session] = {position: note for position, note in source.items() if position < event.at}
+        return
+    held = notes.setdefault(session, {})
+    if isinstance(event, ev.MessagesAppended):
+        for i, override in event.overrides.items():
+            if 0 <= i < len(event):
+                held[event.position + i] = event.node(i) + codec.encode(override)
+    elif isinstance(event, ev.MessagesTombstoned):
+        for position in [p for p in held if p >= event.position]:
+            del held[position]
+    elif isinstance(event, ev.MessageAnnotated):
+        if event.position < len(chains.get(session, ())):
+            held[event.position] = event.node + codec.encode(event.override)
+
+
 def _check_indexes(
     store: Store,
     txn,  # noqa: ANN001
     chains: dict[str, list[tuple[bytes, bytes, int, int]]],
+    notes: dict[str, dict[int, bytes]],
+    numbers: dict[str, int],
     last_of: dict[str, int],
     hashes: dict[int, bytes],
     problems: list[Problem],
 ) -> None:
+    """Compare the ``sessions`` and ``index`` databases, entry for entry, with what the events say."""
+    indexed: dict[int, str] = {}  # number -> session, for the sessions whose entry is right
     seen = 0
     for key, raw in txn.cursor(db=store.sessions):
         seen += 1
         session = key.decode("utf-8", "replace")
-        number = SEQ.unpack(raw)[0]
-        state_raw = txn.get(state_key(number), db=store.index)
-        chain = chains.get(session)
-        if chain is None or state_raw is None:
-            problems.append(Problem(0, f"index: session {session!r} has no events or no state"))
-            continue
-        state = SessionState.unpack(number, state_raw)
-        head = chain[-1][0] if chain else ZERO
-        if state.length != len(chain) or state.head != head:
-            problems.append(Problem(0, f"index: session {session!r} length/head differ from its events"))
-            continue
-        if state.last_seq != last_of.get(session):
-            # A missing last event (a truncated log) shows up here too.
-            problems.append(Problem(0, f"index: session {session!r} says its last event is {state.last_seq}, the log says {last_of.get(session)}"))
-        elif state.last_hash != hashes.get(state.last_seq):
-            # The newest events are named by no later event: their session state anchors them.
-            problems.append(Problem(state.last_seq, f"does not hash to what session {session!r} recorded for it"))
-        cursor = txn.cursor(db=store.index)
-        stored = []
-        prefix = chain_key(number, 0)[:9]
-        if cursor.set_range(prefix):
-            for ckey, value in cursor:
-                if ckey[:9] != prefix:
-                    break
-                stored.append(LINK.unpack(value))
-        if stored != chain:
-            problems.append(Problem(0, f"index: live chain of session {session!r} differs from its events"))
+        if session not in chains:
+            problems.append(Problem(0, f"index: session {session!r} has no events"))
+        elif len(raw) != SEQ.size or SEQ.unpack(raw)[0] != numbers.get(session):
+            problems.append(Problem(0, f"index: session {session!r} is indexed under another number than its events give it"))
+        else:
+            indexed[numbers[session]] = session
     if seen != len(chains):
         problems.append(Problem(0, f"index: {seen} sessions indexed, the events have {len(chains)}"))
+
+    # One pass over the index: its keys sort by session number, then by kind and position.
+    current: int | None = None
+    entries: dict[bytes, bytes] = {}
+    checked: set[int] = set()
+    strays: set[int] = set()
+
+    def settle() -> None:
+        if current in indexed:
+            session = indexed[current]
+            checked.add(current)
+            _check_session(session, current, entries, chains[session], notes.get(session, {}), last_of, hashes, problems)
+
+    for key, value in txn.cursor(db=store.index):
+        number = int.from_bytes(key[:8], "big")
+        if number != current:
+            settle()
+            current, entries = number, {}
+        if number in indexed:
+            entries[bytes(key)] = bytes(value)
+        elif number not in strays and len(strays) < 10:
+            strays.add(number)
+            problems.append(Problem(0, f"index: entries for session number {number}, which no indexed session has"))
+    settle()
+    for number in indexed.keys() - checked:
+        problems.append(Problem(0, f"index: session {indexed[number]!r} has no state"))
+    counter = txn.get(b"next_sid", db=store.meta)
+    top = max(numbers.values(), default=0)
+    if counter is not None and (len(counter) != SEQ.size or SEQ.unpack(counter)[0] <= top):
+        problems.append(Problem(0, f"meta: the session counter is not past session number {top}, the highest in use"))
+    elif counter is None and top:
+        problems.append(Problem(0, "meta: the session counter is missing"))
+
+
+def _check_session(
+    session: str,
+    number: int,
+    entries: dict[bytes, bytes],
+    chain: list[tuple[bytes, bytes, int, int]],
+    notes: dict[int, bytes],
+    last_of: dict[str, int],
+    hashes: dict[int, bytes],
+    problems: list[Problem],
+) -> None:
+    """The index entries of one session (``entries``: key -> value) against its events."""
+    prefix = SEQ.pack(number)
+    state_raw = entries.pop(prefix + b"h", None)
+    if state_raw is None or len(state_raw) != STATE.size:
+        problems.append(Problem(0, f"index: session {session!r} has {'no' if state_raw is None else 'a damaged'} state"))
+        return
+    state = SessionState.unpack(number, state_raw)
+    head = chain[-1][0] if chain else ZERO
+    if state.length != len(chain) or state.head != head:
+        problems.append(Problem(0, f"index: session {session!r} length/head differ from its events"))
+    elif state.last_seq != last_of.get(session):
+        # A missing last event (a truncated log) shows up here too.
+        problems.append(Problem(0, f"index: session {session!r} says its last event is {state.last_seq}, the log says {last_of.get(session)}"))
+    elif state.last_hash != hashes.get(state.last_seq):
+        # The newest events are named by no later event: their session state anchors them.
+        problems.append(Problem(state.last_seq, f"does not hash to what session {session!r} recorded for it"))
+    expected = {prefix + b"c" + SEQ.pack(position): LINK.pack(*link) for position, link in enumerate(chain)}
+    if {k: v for k, v in entries.items() if k[8:9] == b"c"} != expected:
+        problems.append(Problem(0, f"index: live chain of session {session!r} differs from its events"))
+    expected = {prefix + b"n" + SEQ.pack(position): note for position, note in notes.items()}
+    if {k: v for k, v in entries.items() if k[8:9] == b"n"} != expected:
+        problems.append(Problem(0, f"index: display overrides of session {session!r} differ from its events"))
+    other = [k for k in entries if k[8:9] not in (b"c", b"n") or len(k) != 17]
+    if other:
+        problems.append(Problem(0, f"index: session {session!r} has {len(other)} entries of no known kind"))

@@ -9,6 +9,7 @@ outside the transaction.  Validation and hashing happen before, in
 
 from __future__ import annotations
 
+import struct
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -19,7 +20,7 @@ import msgspec
 from . import codec
 from . import events as ev
 from .codec import ZERO, node_digest
-from .errors import ConflictError, HistoryMismatchError, UnknownSessionError
+from .errors import ConflictError, CorruptLogError, HistoryMismatchError, UnknownSessionError
 from .snapshot import Prepared, bodies_from
 from .store import LINK, SEQ, Batch, SessionState, Store, chain_key, note_key
 
@@ -195,7 +196,10 @@ class Writer:
         for key, value in cursor:
             if key >= last:
                 break
-            found[SEQ.unpack(key[9:])[0]] = (value[:32], codec.decode(value[32:]))
+            try:
+                found[SEQ.unpack(key[9:])[0]] = (value[:32], codec.decode(value[32:]))
+            except (struct.error, msgspec.DecodeError):
+                raise CorruptLogError(f"{self.store.path}: a display override of session {number} is damaged (run verify)") from None
         return found
 
     def flush(
