@@ -9,6 +9,7 @@ from typing import Any
 
 
 from . import codec
+from .codec import ZERO
 from .errors import InvalidMessageError
 from .projector import Projection, Projector, bind
 from .replay import BodyReader, Occurrence, fill, paused_gc, repair, replay
@@ -54,6 +55,14 @@ def check_session_id(session_id: object) -> str:
     if size > MAX_SESSION_ID_BYTES:
         raise ValueError(f"session id is {size} bytes of UTF-8; at most {MAX_SESSION_ID_BYTES} are allowed")
     return session_id
+
+
+def _room(prepared: Prepared, stored: int) -> int:
+    """Bytes a write of ``prepared`` onto ``stored`` messages may add to the map, at most."""
+    nbytes = sum(map(len, filter(None, prepared.bodies[stored:]))) + 200 * len(prepared.bodies)
+    if stored < prepared.released:  # bodies let go will be encoded again: count them at their average size
+        nbytes += prepared.released_bytes * (prepared.released - stored) // prepared.released
+    return nbytes
 
 
 def _head_bytes(expected_head: str | None) -> bytes | None:
@@ -313,10 +322,7 @@ class EventLog:
         stored: int,
     ) -> FlushResult:
         """The write of :meth:`flush`, with room reserved for the bodies after the ``stored`` ones."""
-        nbytes = sum(map(len, filter(None, prepared.bodies[stored:]))) + 200 * len(prepared.bodies)
-        if stored < prepared.released:  # bodies let go will be encoded again: count them at their average size
-            nbytes += prepared.released_bytes * (prepared.released - stored) // prepared.released
-        self._store.reserve(nbytes)
+        self._store.reserve(_room(prepared, stored))
         return self._store.write(lambda txn: self._writer.flush(txn, session_id, prepared, notes, expected, replace))
 
     def flush_many(
@@ -335,35 +341,60 @@ class EventLog:
         """
         if isinstance(transcripts, (str, bytes)) or not isinstance(transcripts, Mapping):
             raise TypeError(f"transcripts must map session ids to lists of messages, not {type(transcripts).__name__}")
-        prepared: dict[str, Prepared] = {}
-        for session_id, messages in transcripts.items():
-            check_session_id(session_id)
-            if isinstance(messages, (str, bytes, Mapping)) or not isinstance(messages, Sequence):
-                raise TypeError(f"session {session_id!r}: messages must be a list of message dicts, not {type(messages).__name__}")
-            try:
-                prepared[session_id] = prepare(messages, None, ephemeral=self._ephemeral, trust_identity=self._trust_identity)
-            except InvalidMessageError as e:
-                raise InvalidMessageError(f"session {session_id!r}: {e}", index=e.index, path=e.path) from None
         store, writer = self._store, self._writer
-        with store.read() as txn:  # as in flush: when every list is stored, no write and no sync
-            stored = {session_id: store.session(txn, session_id) for session_id in prepared}
-        if all(
-            len(p.nodes) == (state.length if state else 0) and (not p.nodes or p.nodes[-1] == state.head)
-            for p, state in zip(prepared.values(), stored.values())
-        ):
-            results = {
-                session_id: FlushResult(0, 0, state.length, _head_hex(state.length, state.head)) if state else FlushResult(0, 0, 0, None)
-                for session_id, state in stored.items()
-            }
-        else:
-            store.reserve(sum(len(data) + 200 for p in prepared.values() for data in p.bodies))
-            results = store.write(
-                lambda txn: {session_id: writer.flush(txn, session_id, p, {}, None, replace) for session_id, p in prepared.items()}
+        taken: dict[str, Prepared | None] = {}  # each session's cached entry, taken out as in flush
+        prepared: dict[str, Prepared] = {}
+        interrupted = False
+        try:
+            for session_id, messages in transcripts.items():
+                check_session_id(session_id)
+                if isinstance(messages, (str, bytes, Mapping)) or not isinstance(messages, Sequence):
+                    raise TypeError(f"session {session_id!r}: messages must be a list of message dicts, not {type(messages).__name__}")
+                taken[session_id] = self._cache.take(session_id)
+                try:
+                    prepared[session_id] = prepare(
+                        messages, taken[session_id], ephemeral=self._ephemeral, trust_identity=self._trust_identity, owned=True
+                    )
+                except InvalidMessageError as e:
+                    raise InvalidMessageError(f"session {session_id!r}: {e}", index=e.index, path=e.path) from None
+            with store.read() as txn:  # as in flush: when every list is stored, no write and no sync
+                stored = {session_id: store.session(txn, session_id) for session_id in prepared}
+            lengths = {session_id: state.length if state else 0 for session_id, state in stored.items()}
+            heads = {session_id: state.head if state else ZERO for session_id, state in stored.items()}
+            wrote = not all(
+                len(p.nodes) == lengths[session_id] and (not p.nodes or p.nodes[-1] == heads[session_id])
+                for session_id, p in prepared.items()
             )
+            if not wrote:
+                results = {session_id: FlushResult(0, 0, n, _head_hex(n, heads[session_id])) for session_id, n in lengths.items()}
+            else:
+
+                def body(txn: Any) -> dict[str, FlushResult]:
+                    return {session_id: writer.flush(txn, session_id, p, {}, None, replace) for session_id, p in prepared.items()}
+
+                store.reserve(sum(_room(p, lengths[session_id]) for session_id, p in prepared.items()))
+                try:
+                    results = store.write(body)
+                except ChangedSince:  # as in flush: a message changed in place meanwhile; hash afresh
+                    for session_id, messages in transcripts.items():
+                        prepared[session_id] = prepare(messages, None, ephemeral=self._ephemeral, trust_identity=self._trust_identity)
+                    store.reserve(sum(_room(p, 0) for p in prepared.values()))
+                    results = store.write(body)
+            for p in prepared.values():
+                release(p)  # every list is now its stored transcript
+        except Exception:
+            raise
+        except BaseException:
+            interrupted = True  # as in flush: a group commit may still be using the entries
+            raise
+        finally:
+            if not interrupted:
+                for session_id, previous in taken.items():
+                    entry = prepared.get(session_id, previous)
+                    if entry is not None:
+                        self._cache.put(session_id, entry)
+        if wrote:
             self._after_write()
-        for session_id, p in prepared.items():
-            release(p)  # stored now
-            self._cache.put(session_id, p)
         return results
 
     def append(

@@ -230,3 +230,19 @@ def test_flush_many_writes_nothing_when_one_session_refuses(log):
     assert log.last_seq == seq
     results = log.flush_many({"a": [user("x")], "b": [user("y")]}, replace=True)
     assert (results["b"].tombstoned, log.messages("b")) == (1, [user("y")])
+
+
+def test_flush_many_keeps_the_flush_contract_turn_after_turn(log):
+    parent, child = [user("plan")], [user("find trains")]
+    for turn in range(3):
+        parent.append(assistant(f"parent {turn}"))
+        child.append(assistant(f"child {turn}"))
+        results = log.flush_many({"parent": parent, "child": child})
+        assert results["parent"].appended == (2 if turn == 0 else 1) and results["child"].appended == (2 if turn == 0 else 1)
+    child[1]["content"] = "edited in place"  # an edit of a stored message is recorded, never lost
+    results = log.flush_many({"parent": parent, "child": child})
+    assert (results["child"].tombstoned, results["child"].appended, results["parent"].appended) == (3, 3, 0)
+    assert log.messages("child") == child and [o.tombstone.reason for o in log.history("child") if o.tombstone] == ["edit"] * 3
+    parent.append(user("and hotels?"))
+    assert log.flush("parent", parent).appended == 1  # flush and flush_many share what they cached
+    assert log.flush_many({"parent": parent})["parent"].appended == 0
