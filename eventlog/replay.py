@@ -350,29 +350,44 @@ def fill(store: Store, txn: lmdb.Transaction, occurrences: list[Occurrence]) -> 
         occ.message = message
 
 
+NO_RESULT: Final = "[no result: the tool call was interrupted before it returned]"
+"""The text of a synthetic result that :func:`repair` gives a tool call left unanswered."""
+
+_RESPONSES_OUTPUTS: Final = {"function_call": "function_call_output", "custom_tool_call": "custom_tool_call_output"}
+"""Responses API call item types and the type of the item that answers each."""
+
+
 def repair(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """Make a transcript acceptable to model APIs on resume, without touching the log.
 
-    - An assistant ``tool_calls`` entry whose result never arrived gets a synthetic
-      tool result saying so (placed right after the assistant's other results).
-    - A ``tool`` result that answers no call of the assistant message right before it
-      (an orphan, a duplicate, or one separated from its call by other messages) is
-      dropped: the APIs require results to follow their call directly.
+    A call whose result never arrived (the loop stopped inside the tool) gets a
+    synthetic result saying so, and a result that answers no call is dropped, in each
+    of the three shapes the log commonly holds:
 
-    Returns a new list; the input is not modified.
+    - chat completions: an assistant ``tool_calls`` entry gets a ``tool`` message right
+      after the assistant's other results; a ``tool`` message that answers no call of
+      the assistant message right before it (an orphan, a duplicate, or one separated
+      from its call) is dropped, since the API wants results right after their call;
+    - Anthropic messages: a ``tool_use`` block of an assistant message gets a
+      ``tool_result`` block (``is_error``) in the user message that follows, ahead of
+      its other blocks (a user message is added when none follows); a ``tool_result``
+      block that answers no ``tool_use`` of the assistant message right before it is
+      dropped, and so is a user message left with no content;
+    - Responses API items: a ``function_call`` (or ``custom_tool_call``) item with no
+      output item after it gets one right after its run of calls and outputs; an output
+      item whose ``call_id`` no earlier call has, or a second output for a call, is dropped.
+
+    Returns a new list; the input and its messages are not modified.
     """
+    return _repair_responses(_repair_anthropic(_repair_chat(messages)))
+
+
+def _repair_chat(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
     out: list[dict[str, Any]] = []
     pending: list[str] = []  # call ids of the last assistant message still awaiting results
 
     def close_pending() -> None:
-        for call_id in pending:
-            out.append(
-                {
-                    "role": "tool",
-                    "tool_call_id": call_id,
-                    "content": "[no result: the tool call was interrupted before it returned]",
-                }
-            )
+        out.extend({"role": "tool", "tool_call_id": call_id, "content": NO_RESULT} for call_id in pending)
         pending.clear()
 
     for message in messages:
@@ -387,9 +402,91 @@ def repair(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
         close_pending()
         out.append(message)
         if role == "assistant":
-            for call in message.get("tool_calls") or ():
+            calls = message.get("tool_calls")
+            for call in calls if isinstance(calls, list) else ():
                 call_id = call.get("id") if isinstance(call, dict) else None
                 if isinstance(call_id, str):
                     pending.append(call_id)
     close_pending()
+    return out
+
+
+def _blocks(message: dict[str, Any], kind: str) -> list[dict[str, Any]]:
+    content = message.get("content")
+    if not isinstance(content, list):
+        return []
+    return [block for block in content if isinstance(block, dict) and block.get("type") == kind]
+
+
+def _repair_anthropic(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    out: list[dict[str, Any]] = []
+    pending: list[str] = []  # tool_use ids of the assistant message right before
+
+    def missing(ids: list[str]) -> list[dict[str, Any]]:
+        return [{"type": "tool_result", "tool_use_id": use_id, "content": NO_RESULT, "is_error": True} for use_id in ids]
+
+    for message in messages:
+        if message.get("role") == "user" and (pending or _blocks(message, "tool_result")):
+            content = message.get("content")
+            blocks = content if isinstance(content, list) else ([{"type": "text", "text": content}] if content else [])
+            answered: list[dict[str, Any]] = []
+            rest: list[Any] = []
+            for block in blocks:
+                if isinstance(block, dict) and block.get("type") == "tool_result":
+                    use_id = block.get("tool_use_id")
+                    if use_id in pending:
+                        pending.remove(use_id)
+                        answered.append(block)
+                    continue  # an orphan or a duplicate
+                rest.append(block)
+            content = missing(pending) + answered + rest
+            pending = []
+            if content == blocks:
+                out.append(message)  # nothing to change
+            elif content:
+                out.append({**message, "content": content})
+            continue
+        if pending:
+            out.append({"role": "user", "content": missing(pending)})
+            pending = []
+        out.append(message)
+        if message.get("role") == "assistant":
+            pending = [b["id"] for b in _blocks(message, "tool_use") if isinstance(b.get("id"), str)]
+    if pending:
+        out.append({"role": "user", "content": missing(pending)})
+    return out
+
+
+def _repair_responses(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    calls: dict[str, str] = {}  # call_id -> the type of item that answers it
+    answered: set[str] = set()
+    keep: list[bool] = []
+    for item in messages:
+        kind = item.get("type")
+        call_id = item.get("call_id")
+        if kind in _RESPONSES_OUTPUTS and isinstance(call_id, str):
+            calls.setdefault(call_id, _RESPONSES_OUTPUTS[kind])
+        elif kind in _RESPONSES_OUTPUTS.values():
+            if calls.get(call_id) != kind or call_id in answered:  # type: ignore[arg-type]
+                keep.append(False)  # answers no earlier call, or answers it again
+                continue
+            answered.add(call_id)  # type: ignore[arg-type]
+        keep.append(True)
+    if not calls and all(keep):
+        return messages
+    out: list[dict[str, Any]] = []
+    unanswered: list[str] = []  # calls of the current run of calls and outputs with no output anywhere
+    for item, kept in zip(messages, keep):
+        kind = item.get("type")
+        in_run = kind in _RESPONSES_OUTPUTS or kind in _RESPONSES_OUTPUTS.values()
+        if not in_run and unanswered:
+            out.extend({"type": calls[call_id], "call_id": call_id, "output": NO_RESULT} for call_id in unanswered)
+            unanswered = []
+        if not kept:
+            continue
+        out.append(item)
+        call_id = item.get("call_id")
+        if kind in _RESPONSES_OUTPUTS and call_id not in answered and call_id not in unanswered:
+            unanswered.append(call_id)  # type: ignore[arg-type]
+    out.extend({"type": calls[call_id], "call_id": call_id, "output": NO_RESULT} for call_id in unanswered)
     return out

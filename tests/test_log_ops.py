@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 
 from eventlog import EMPTY_HEAD, ConflictError, HistoryMismatchError, InvalidMessageError, UnknownSessionError, events
+from eventlog.replay import NO_RESULT, repair
 from factories import assistant, tool, user
 
 
@@ -246,3 +247,68 @@ def test_flush_many_keeps_the_flush_contract_turn_after_turn(log):
     parent.append(user("and hotels?"))
     assert log.flush("parent", parent).appended == 1  # flush and flush_many share what they cached
     assert log.flush_many({"parent": parent})["parent"].appended == 0
+
+
+def _use(use_id):
+    return {"type": "tool_use", "id": use_id, "name": "search", "input": {"q": "lmdb"}}
+
+
+def _result(use_id, text="found"):
+    return {"type": "tool_result", "tool_use_id": use_id, "content": text}
+
+
+def test_repair_answers_anthropic_tool_use_and_drops_orphan_results(log):
+    messages = [
+        {"role": "user", "content": "look up two things"},
+        {"role": "assistant", "content": [{"type": "text", "text": "searching"}, _use("t1"), _use("t2")]},
+        {"role": "user", "content": [_result("t2"), _result("zz", "orphan"), {"type": "text", "text": "go on"}]},
+        {"role": "assistant", "content": [_use("t3")]},  # the loop stopped inside this tool
+    ]
+    log.flush("a", messages)
+    repaired = log.messages("a", repair_tool_calls=True)
+    assert repaired[:2] == messages[:2]
+    assert repaired[2]["content"] == [
+        {"type": "tool_result", "tool_use_id": "t1", "content": NO_RESULT, "is_error": True},
+        _result("t2"),
+        {"type": "text", "text": "go on"},
+    ]
+    assert repaired[3] == messages[3]
+    assert repaired[4] == {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "t3", "content": NO_RESULT, "is_error": True}]}
+    assert log.messages("a") == messages  # the log and the stored dicts are as they were
+    orphan_only = [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "hello"}, {"role": "user", "content": [_result("x")]}]
+    assert repair(orphan_only) == orphan_only[:2]
+
+
+def test_repair_answers_responses_function_calls_and_drops_stray_outputs():
+    call = lambda call_id: {"type": "function_call", "call_id": call_id, "name": "search", "arguments": "{}"}  # noqa: E731
+    output = lambda call_id: {"type": "function_call_output", "call_id": call_id, "output": "found"}  # noqa: E731
+    items = [
+        {"role": "user", "content": "look up two things"},
+        call("c1"),
+        call("c2"),
+        output("c2"),
+        output("c2"),  # a second output for one call
+        output("zz"),  # answers no call
+        {"type": "message", "role": "assistant", "content": [{"type": "output_text", "text": "one done"}]},
+        {"type": "custom_tool_call", "call_id": "c3", "name": "shell", "input": "ls"},
+    ]
+    repaired = repair(items)
+    assert repaired == [
+        items[0],
+        call("c1"),
+        call("c2"),
+        output("c2"),
+        {"type": "function_call_output", "call_id": "c1", "output": NO_RESULT},
+        items[6],
+        items[7],
+        {"type": "custom_tool_call_output", "call_id": "c3", "output": NO_RESULT},
+    ]
+    complete = items[:4] + [output("c1")]
+    assert repair(complete) == complete
+
+
+def test_repair_leaves_a_complete_transcript_of_each_shape_as_it_is():
+    chat = [user("q"), assistant("", tool_calls=[{"id": "c", "type": "function", "function": {"name": "f", "arguments": "{}"}}]), tool("c", "r"), assistant("done")]
+    anthropic = [{"role": "user", "content": "q"}, {"role": "assistant", "content": [_use("t")]}, {"role": "user", "content": [_result("t")]}, {"role": "assistant", "content": "done"}]
+    for messages in (chat, anthropic, [user("just"), assistant("talk")]):
+        assert repair(messages) == messages
