@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import logging
 import os
+import threading
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from typing import Any
+from typing import Any, TypeVar
 
 
 from . import codec
@@ -57,6 +58,28 @@ def check_session_id(session_id: object) -> str:
     return session_id
 
 
+T = TypeVar("T")
+
+
+class _Turn:
+    """The lock that flushes of one session take turns on, and how many threads want it."""
+
+    __slots__ = ("lock", "users")
+
+    def __init__(self) -> None:
+        self.lock = threading.RLock()
+        self.users = 0
+
+
+def _holding(locks: list[Any], run: Callable[[], T]) -> T:
+    """``run()`` holding every lock of ``locks``, taken in order (``with`` for each: an
+    interrupt never leaves one held)."""
+    if not locks:
+        return run()
+    with locks[0]:
+        return _holding(locks[1:], run)
+
+
 def _room(prepared: Prepared, stored: int) -> int:
     """Bytes a write of ``prepared`` onto ``stored`` messages may add to the map, at most."""
     nbytes = sum(map(len, filter(None, prepared.bodies[stored:]))) + 200 * len(prepared.bodies)
@@ -99,6 +122,8 @@ class EventLog:
         self._ephemeral = ephemeral
         self._trust_identity = trust_identity
         self._cache = SnapshotCache(cache_messages)
+        self._turns: dict[str, _Turn] = {}  # sessions being flushed in this process
+        self._turns_guard = threading.Lock()
         self._projections = list(projections)
         self._projector: Projector | None = None
         if self._projections and project_in_background:
@@ -264,8 +289,45 @@ class EventLog:
         expected = _head_bytes(expected_head)
         if isinstance(messages, (str, bytes, Mapping)) or not isinstance(messages, Sequence):
             raise TypeError(f"messages must be a list of message dicts, not {type(messages).__name__}")
-        # The cached entry is taken out while this flush extends it; a concurrent flush of
-        # the same session finds none and hashes its list afresh.
+        return self._one_at_a_time([session_id], lambda: self._flush(session_id, messages, overrides, expected, replace))
+
+    def _one_at_a_time(self, session_ids: list[str], run: Callable[[], T]) -> T:
+        """``run()`` while no other thread of this process flushes one of ``session_ids``.
+
+        A flush reads the caller's list and commits what it read; two threads flushing one
+        growing list (a turn's end and an interrupt handler) must commit in the order they
+        read it, or the older list would tombstone the newer turn as a rewind.  So flushes
+        of a session take turns, from the moment the list is read until the commit.  The
+        lock is re-entrant: a signal handler that flushes while this thread is between a
+        flush's read and its write goes ahead (see :meth:`Store.write` for a handler that
+        arrives during the write itself).
+        """
+        turns = []
+        with self._turns_guard:
+            for session_id in sorted(set(session_ids)):  # one order everywhere: no deadlock
+                turn = self._turns.get(session_id)
+                if turn is None:
+                    turn = self._turns[session_id] = _Turn()
+                turn.users += 1
+                turns.append((session_id, turn))
+        try:
+            return _holding([turn.lock for _, turn in turns], run)
+        finally:
+            with self._turns_guard:
+                for session_id, turn in turns:
+                    turn.users -= 1
+                    if not turn.users:
+                        self._turns.pop(session_id, None)
+
+    def _flush(
+        self,
+        session_id: str,
+        messages: Sequence[Mapping[str, Any]],
+        overrides: Mapping[int, Mapping[str, Any]] | None,
+        expected: bytes | None,
+        replace: bool,
+    ) -> FlushResult:
+        # The cached entry is taken out while this flush extends it.
         previous = self._cache.take(session_id)
         try:
             prepared = prepare(
@@ -341,13 +403,17 @@ class EventLog:
         """
         if isinstance(transcripts, (str, bytes)) or not isinstance(transcripts, Mapping):
             raise TypeError(f"transcripts must map session ids to lists of messages, not {type(transcripts).__name__}")
+        for session_id in transcripts:
+            check_session_id(session_id)
+        return self._one_at_a_time(list(transcripts), lambda: self._flush_many(transcripts, replace))
+
+    def _flush_many(self, transcripts: Mapping[str, Sequence[Mapping[str, Any]]], replace: bool) -> dict[str, FlushResult]:
         store, writer = self._store, self._writer
         taken: dict[str, Prepared | None] = {}  # each session's cached entry, taken out as in flush
         prepared: dict[str, Prepared] = {}
         interrupted = False
         try:
             for session_id, messages in transcripts.items():
-                check_session_id(session_id)
                 if isinstance(messages, (str, bytes, Mapping)) or not isinstance(messages, Sequence):
                     raise TypeError(f"session {session_id!r}: messages must be a list of message dicts, not {type(messages).__name__}")
                 taken[session_id] = self._cache.take(session_id)

@@ -172,6 +172,10 @@ def prepare(
                     del part[size:]
                 raise
     raw = list(given) if given is messages else given  # a snapshot: the caller's list will change
+    if reuse and trust_identity and raw is not given:
+        # Another thread may have replaced a message since `reuse` was measured on the live
+        # list; identity is all trust mode checks, so measure it again on the snapshot.
+        reuse = _reusable(raw, previous, trust_identity)
     out = Prepared([], [], [], [], raw, [], [])
     parent = ZERO
     if reuse:

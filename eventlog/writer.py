@@ -10,6 +10,7 @@ outside the transaction.  Validation and hashing happen before, in
 from __future__ import annotations
 
 import struct
+from collections import deque
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -48,6 +49,36 @@ class FlushResult:
     tombstoned: int
     unchanged: int
     head: str | None
+
+
+def _kept_notes(
+    old_notes: dict[int, tuple[bytes, dict[str, Any]]], old_digests: list[bytes], k: int, digests: list[bytes], length: int
+) -> dict[int, dict[str, Any]]:
+    """The display overrides that tombstoned positions ``k..`` (content ``old_digests``) hand
+    on to the messages that come back at new positions ``k..length-1`` (content ``digests``).
+
+    A message found at its old position keeps that position's override (an edit elsewhere);
+    the others take, in order, the overrides of the remaining old positions with the same
+    content (a compaction's tail moves up).  So two equal messages never trade or share an
+    override.
+    """
+    kept: dict[int, dict[str, Any]] = {}
+    matched: set[int] = set()
+    for position in range(k, min(length, k + len(old_digests))):
+        if digests[position] == old_digests[position - k]:
+            matched.add(position)
+            if position in old_notes:
+                kept[position] = old_notes[position][1]
+    waiting: dict[bytes, deque[int]] = {}
+    for offset, digest in enumerate(old_digests):
+        if k + offset not in matched:
+            waiting.setdefault(digest, deque()).append(k + offset)
+    for position in range(k, length):
+        if position not in matched and (queue := waiting.get(digests[position])):
+            old = queue.popleft()
+            if old in old_notes:
+                kept[position] = old_notes[old][1]
+    return kept
 
 
 def _head_hex(length: int, head: bytes) -> str | None:
@@ -253,13 +284,16 @@ class Writer:
             state = self.open_session(batch, session_id)
         tombstoned = length - k
         # Bodies of tombstoned messages that come back (an early edit, a compaction's
-        # tail) are referenced, not stored again: digest -> (seq, index, old position).
-        carry_from: dict[bytes, tuple[int, int, int]] = {}
-        old_notes: dict[int, tuple[bytes, dict[str, Any]]] = {}
+        # tail) are referenced, not stored again: digest -> (seq, index).
+        carry_from: dict[bytes, tuple[int, int]] = {}
+        kept_notes: dict[int, dict[str, Any]] = {}  # new position -> the override it keeps
         if reason is not None:
-            for offset, link in enumerate(store.links(txn, state.number, k, length)):
-                carry_from.setdefault(link[1], (link[2], link[3], k + offset))
+            links = store.links(txn, state.number, k, length)
+            for link in links:
+                carry_from.setdefault(link[1], (link[2], link[3]))
             old_notes = self.notes_in(txn, state.number, k, length)
+            if old_notes:
+                kept_notes = _kept_notes(old_notes, [link[1] for link in links], k, prepared.digests, len(nodes))
             self.tombstone(batch, session_id, state, k, reason)
         if len(nodes) > k:
             carried: dict[int, tuple[int, int]] = {}
@@ -276,8 +310,8 @@ class Writer:
                         bodies.append(b"")
                         carried[i] = (where[0], where[1])
                     note = notes.get(position)
-                    if note is None and where is not None and where[2] in old_notes:
-                        note = old_notes[where[2]][1]  # a carried message keeps its display override
+                    if note is None and where is not None:
+                        note = kept_notes.get(position)  # a carried message keeps its display override
                     if note is not None:
                         batch_notes[i] = note
             self.append_messages(batch, session_id, state, bodies, prepared.digests[k:], nodes[k:], carried, batch_notes, summaries)

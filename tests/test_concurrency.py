@@ -42,6 +42,34 @@ def test_threads_flushing_one_session(tmp_path):
         assert log.verify().ok
 
 
+def test_two_threads_flushing_one_growing_list_never_record_a_rewind(tmp_path):
+    read, resume = threading.Event(), threading.Event()
+
+    def rule(message):  # scaffolding rule, used to hold thread "older" just after it read the list
+        if message.get("content") == "turn 1" and threading.current_thread().name == "older" and not read.is_set():
+            read.set()
+            resume.wait(10)
+        return False
+
+    messages = conversation(1)
+    with EventLog.open(tmp_path / "l", ephemeral=rule) as log:
+        log.flush("s", messages)
+        messages.append({"role": "assistant", "content": "turn 1"})
+        older = threading.Thread(target=log.flush, args=("s", messages), name="older")
+        older.start()
+        assert read.wait(10)
+        messages.append({"role": "user", "content": "turn 2"})  # the loop goes on while "older" is held
+        newer = threading.Thread(target=log.flush, args=("s", messages), name="newer")
+        newer.start()
+        newer.join(0.3)
+        assert newer.is_alive()  # it waits for the flush that read the list before it
+        resume.set()
+        older.join(10)
+        newer.join(10)
+        assert log.messages("s") == messages
+        assert [o.tombstone for o in log.history("s")] == [None] * 3  # no rewind of turn 2, no repeat
+
+
 def _flush_from_process(path: str, rounds: int, barrier) -> None:  # noqa: ANN001
     messages = conversation(40)
     with EventLog.open(path) as log:

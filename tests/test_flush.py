@@ -324,6 +324,20 @@ def test_carried_message_keeps_its_override(log):
     assert log.history("s")[-1].override == {"content": "q2 clean"}
 
 
+@pytest.mark.parametrize("shown", [2, 4])
+def test_equal_messages_never_trade_or_share_their_overrides(log, shown):
+    messages = [user("sys"), user("question"), assistant("ok"), user("again"), assistant("ok")]
+    log.flush("s", messages, overrides={shown: {"content": "OK (shown)"}})
+    messages[1] = user("question, edited")  # an edit: positions 1.. are tombstoned and the rest carried
+    log.flush("s", messages)
+    live = {o.position: o.override for o in log.history("s") if o.tombstone is None}
+    assert live == {p: ({"content": "OK (shown)"} if p == shown else None) for p in range(5)}
+    # A compaction's tail moves up: the second "ok" keeps its own override, not the first's.
+    log.flush("s", [{**user("summary"), "_compressed_summary": True}, *messages[2:]])
+    live = {o.position: o.override for o in log.history("s") if o.tombstone is None}
+    assert live == {p: ({"content": "OK (shown)"} if p == shown - 1 else None) for p in range(4)}
+
+
 def test_tuples_come_back_as_lists(log):
     log.flush("s", [{"role": "assistant", "content": None, "args": (1, 2)}])
     assert log.messages("s") == [{"role": "assistant", "content": None, "args": [1, 2]}]
@@ -641,3 +655,26 @@ def test_an_interrupted_write_leaves_its_list_out_of_the_cache(log, monkeypatch)
     assert log._cache.get("s") is None
     assert log.flush("s", messages).appended == 0
     assert log.messages("s") == messages
+
+
+def test_a_message_replaced_while_a_trust_mode_flush_measures_the_list_is_stored(tmp_path):
+    import sys
+
+    with EventLog.open(tmp_path / "l", trust_identity=True) as log:
+        messages = [user("a"), assistant("b"), user("c")]
+        log.flush("s", messages)
+        messages.pop()
+
+        def another_thread_replaces_a_message(frame, event, arg):
+            # Stands in for a thread switch right after the flush measured what it can reuse.
+            if event == "return" and frame.f_code.co_name == "_reusable":
+                sys.setprofile(None)
+                messages[1] = assistant("b, replaced")
+
+        sys.setprofile(another_thread_replaces_a_message)
+        try:
+            log.flush("s", messages)
+        finally:
+            sys.setprofile(None)
+        log.flush("s", messages)
+        assert log.messages("s") == [user("a"), assistant("b, replaced")]

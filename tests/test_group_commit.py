@@ -57,12 +57,13 @@ def test_concurrent_writes_merge_into_one_commit(log):
 
 def test_a_failing_write_fails_its_caller_alone(log):
     log.flush("taken", [user("q"), assistant("a")])
+    log.flush("also taken", [user("q"), assistant("a")])
     seq = log.last_seq
     calls = [
         lambda: log.flush("ok1", [user("1")]),
         lambda: log.flush("taken", [user("different")]),  # no common prefix
         lambda: log.flush("ok2", [user("2")], expected_head=EMPTY_HEAD),
-        lambda: log.flush("taken", [user("q"), assistant("a"), user("more")], expected_head=EMPTY_HEAD),
+        lambda: log.flush("also taken", [user("q"), assistant("a"), user("more")], expected_head=EMPTY_HEAD),
         lambda: log.flush("ok3", [user("3")]),
     ]
     results, commits = run_grouped(log, calls)
@@ -70,7 +71,7 @@ def test_a_failing_write_fails_its_caller_alone(log):
     assert isinstance(results[1], HistoryMismatchError)
     assert isinstance(results[3], ConflictError)
     assert [r.appended for i, r in enumerate(results) if i in (0, 2, 4)] == [1, 1, 1]
-    assert log.messages("taken") == [user("q"), assistant("a")]
+    assert log.messages("taken") == log.messages("also taken") == [user("q"), assistant("a")]
     # each successful flush is whole and contiguous: open + append per new session
     new = [r for r in log.events(after=seq)]
     assert [r.seq for r in new] == list(range(seq + 1, seq + 7))
@@ -79,22 +80,24 @@ def test_a_failing_write_fails_its_caller_alone(log):
 
 
 def test_expected_head_and_dedup_inside_one_group(log):
+    # Flushes of one session take turns (each commits what it read before the next reads);
+    # appends, and flushes of other sessions, share a group with them.
     base = log.flush("s", [user("q")])
     longer = [user("q"), assistant("a")]
     calls = [
         lambda: log.flush("s", longer, expected_head=base.head),
-        lambda: log.flush("s", longer, expected_head=base.head),  # same list again: already stored
-        lambda: log.flush("s", [user("q"), assistant("other")], expected_head=base.head),  # stale head
-        lambda: log.append("s", [user("retry")], expected_head=base.head),  # stale head, not a retry
+        lambda: log.append("s", [assistant("a")], expected_head=base.head),  # the same write, retried: already stored
+        lambda: log.append("s", [assistant("other")], expected_head=base.head),  # stale head, not a retry
+        lambda: log.flush("t", [user("q")], expected_head=EMPTY_HEAD),
     ]
     results, commits = run_grouped(log, calls)
     assert commits == 1
     assert results[0].appended == 1
     assert results[1].appended == 0 and results[1].head == results[0].head
     assert isinstance(results[2], ConflictError)
-    assert isinstance(results[3], ConflictError)
+    assert results[3].appended == 1
     assert log.messages("s") == longer
-    appended = [r.event for r in log.events() if isinstance(r.event, events.MessagesAppended)]
+    appended = [r.event for r in log.events() if isinstance(r.event, events.MessagesAppended) and r.event.session == "s"]
     assert sum(len(e) for e in appended) == 2
 
 
