@@ -54,7 +54,10 @@ class Projector:
     def __init__(self, log: EventLog, projections: Sequence[Projection]) -> None:
         self._log = log
         self._projections = list(projections)
-        self._cond = threading.Condition()
+        # Always taken as `with self._lock` (C code), never through the Condition's Python
+        # __enter__: a Ctrl-C landing as that returns would leave the lock held for good.
+        self._lock = threading.RLock()
+        self._cond = threading.Condition(self._lock)
         self._wanted = 0  # newest seq a write has asked for
         self._done = 0  # every seq up to this one has been applied (or attempted)
         self._failing: set[int] = set()  # indexes of the projections whose last catch-up raised
@@ -69,7 +72,7 @@ class Projector:
 
     def poke(self, seq: int) -> None:
         """Ask for everything up to ``seq`` to be applied."""
-        with self._cond:
+        with self._lock:
             if seq > self._wanted:
                 self._wanted = seq
                 self._cond.notify_all()
@@ -89,7 +92,7 @@ class Projector:
         def left() -> float | None:
             return None if deadline is None else max(0.0, deadline - time.monotonic())
 
-        with self._cond:
+        with self._lock:
             target = self._wanted
             if self._fails(projection) and self._running():
                 rounds = self._rounds
@@ -107,7 +110,7 @@ class Projector:
 
     def close(self) -> None:
         """Apply what is still waiting, then stop the thread."""
-        with self._cond:
+        with self._lock:
             self._stopping = True
             self._cond.notify_all()
         if threading.current_thread() is not self._thread:
@@ -127,7 +130,7 @@ class Projector:
     def _run(self) -> None:
         try:
             while True:
-                with self._cond:
+                with self._lock:
                     # After a failed round, the pause running out is due too.
                     self._cond.wait_for(self._due, self._pause if self._failing else None)
                     self._retry = False
@@ -148,7 +151,7 @@ class Projector:
                             logger.exception("projection %r failed to catch up", projection)
                         else:
                             logger.warning("projection %r still fails to catch up (%d rounds): %s", projection, self._streak + 1, e)
-                with self._cond:
+                with self._lock:
                     self._done = max(self._done, target)
                     self._failing = failing
                     self._streak = self._streak + 1 if failing else 0
@@ -158,7 +161,7 @@ class Projector:
                     if failing and last_try:
                         return  # closing: that was the last try
         finally:
-            with self._cond:
+            with self._lock:
                 self._stopped = True
                 self._cond.notify_all()
 

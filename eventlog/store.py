@@ -38,7 +38,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from hashlib import sha256
 from itertools import islice
-from typing import Final, TypeVar
+from typing import Any, Final, TypeVar
 
 import lmdb
 
@@ -249,8 +249,13 @@ class Store:
         self.max_group = 64
         self.commits = 0  # write transactions committed by this process
         self.grouped_writes = 0  # writes those commits carried
-        self._cond = threading.Condition()
+        # Re-entrant (a signal handler may read while its thread holds it), and always taken
+        # directly (``with self._slot_lock``), never through the Condition's Python __enter__:
+        # an interrupt landing as that returns would leave the lock held for good.
+        self._slot_lock = threading.RLock()
+        self._cond = threading.Condition(self._slot_lock)
         self._active = 0
+        self._local = threading.local()  # .writing: this thread is inside write()
         self._resizing = False
         self._closed = False
         self._tail = (0, bytes(32))  # last committed event seen by this process: (seq, hash)
@@ -276,9 +281,9 @@ class Store:
     # -- lifecycle -------------------------------------------------------------
 
     def close(self) -> None:
-        with self._cond:
+        with self._slot_lock:
             self._closed = True
-            self._cond.wait_for(lambda: self._active == 0)
+            self._wait_idle()
         if self._zero_fd is not None:
             os.close(self._zero_fd)
             self._zero_fd = None
@@ -340,24 +345,33 @@ class Store:
                 f"{self.path}: the log was opened in process {self._pid}, before a fork(); "
                 "open it again in this process"
             )
-        with self._cond:
-            if self._closed:
-                raise EventLogError(f"{self.path}: the log is closed")
-            self._cond.wait_for(lambda: not self._resizing)
-            self._active += 1
+        counted = False
         try:
+            with self._slot_lock:
+                if self._closed:
+                    raise EventLogError(f"{self.path}: the log is closed")
+                self._cond.wait_for(lambda: not self._resizing)
+                self._active += 1
+                counted = True
             yield
         finally:
-            with self._cond:
-                self._active -= 1
-                self._cond.notify_all()
+            if counted:
+                with self._slot_lock:
+                    self._active -= 1
+                with self._slot_lock:
+                    self._cond.notify_all()  # if an interrupt skips this, waiters look again soon
+
+    def _wait_idle(self) -> None:
+        """Wait (holding ``_slot_lock``) until no transaction of this process is open."""
+        while not self._cond.wait_for(lambda: self._active == 0, timeout=0.1):
+            pass
 
     def _resize(self, new_size: int) -> None:
         """Set the map size (0: adopt the size another process set) with no transaction open here."""
-        with self._cond:
+        with self._slot_lock:
             self._resizing = True
             try:
-                self._cond.wait_for(lambda: self._active == 0)
+                self._wait_idle()
                 self.env.set_mapsize(new_size)
             finally:
                 self._resizing = False
@@ -403,71 +417,97 @@ class Store:
         committing groups until its own write is in one; waiters are woken as soon as
         the commit that holds their write is done.
         """
-        request = _Request(body)
-        with self._group:
-            self._queue.append(request)
-            lead = not self._leading
-            self._leading = True
-        if not lead:
-            # Woken once: either a leader committed this write, or handed over the lead.
-            try:
-                request.wake.acquire()
-            except BaseException:  # interrupted (Ctrl-C) while waiting
-                self._abandon(request)
-                raise
-        if not request.done:
-            try:
-                while not request.done:
-                    if self._last_group > 1:
-                        # Other threads were writing a moment ago: let those that are ready
-                        # join this commit (one sync for all) before taking the queue.
-                        time.sleep(0)
+        local = self._local
+        if getattr(local, "writing", False):
+            # This thread is inside a write already (a signal handler that writes, run in the
+            # middle of one): waiting here could mean waiting for itself.
+            raise EventLogError(
+                f"{self.path}: a write was started while this thread is inside another write of this log "
+                "(from a signal handler?); nothing of it was written: write after the interrupted call "
+                "returns, for example in a finally block"
+            )
+        try:
+            local.writing = True
+            return self._write(_Request(body))
+        finally:
+            local.writing = False
+
+    def _write(self, request: _Request) -> Any:
+        # One try for the whole turn, so that an interrupt (Ctrl-C) anywhere leaves the queue
+        # and the lead as the other writers need them; the finally makes no Python call before
+        # the lead is passed on (an interrupt can land as a Python function starts).
+        try:
+            with self._group:
+                self._queue.append(request)
+                if not self._leading:
+                    request.lead = True  # first: an interrupt between the two leaves a lead to pass on
+                    self._leading = True
+            if not request.lead:
+                request.wake.acquire()  # woken once: a commit held this write, or the lead was handed to it
+                if not request.done and not request.lead:
+                    # The leader was interrupted before it could say what became of this write.
+                    raise _not_written(self.path, KeyboardInterrupt())
+            while not request.done:  # this caller leads: commit groups until one holds its write
+                if self._last_group > 1:
+                    # Other threads were writing a moment ago: let those that are ready
+                    # join this commit (one sync for all) before taking the queue.
+                    time.sleep(0)
+                group: list[_Request] = []
+                try:
                     with self._group:
                         group = self._queue[: self.max_group]
                         del self._queue[: self.max_group]
-                    try:
-                        self._commit_group(group)
-                    except BaseException as e:
-                        # Every write of the group not yet acknowledged fails with it (an
-                        # interrupt of this thread is not theirs: they hear that nothing of
-                        # theirs was stored), and so does this caller's own if still queued.
-                        _fail([r for r in group if not r.done], e if isinstance(e, Exception) else _not_written(self.path, e))
-                        with self._group:
-                            if request in self._queue:
-                                self._queue.remove(request)
-                                _fail([request], e)
-                        raise
-                    finally:
-                        for other in group:
-                            if other is not request:
-                                other.wake.release()  # wake exactly the callers this commit acknowledged
-            finally:
-                self._hand_over()
+                    self._commit_group(group)
+                except BaseException as e:
+                    # Every write of the group not yet acknowledged fails with it (an interrupt
+                    # of this thread is not theirs: they hear that nothing of theirs was stored).
+                    for other in group:
+                        if not other.done:
+                            other.abandoned = True  # taken, even if the interrupt came before the del
+                    _fail([r for r in group if not r.done], e if isinstance(e, Exception) else _not_written(self.path, e))
+                    raise
+                finally:
+                    for other in group:
+                        if other is not request and not other.woken:
+                            other.woken = True
+                            other.wake.release()  # wake exactly the callers this commit acknowledged
+        finally:
+            with self._group:
+                if not request.done:
+                    request.abandoned = True  # interrupted before a commit held it: it never runs now
+                if request.lead:
+                    request.lead = False
+                    queue = self._queue
+                    following = queue[0] if queue else None  # no call here: one could end in an interrupt
+                    if following is request:
+                        following = queue[1] if queue[1:] else None
+                    if following is None:
+                        self._leading = False
+                    else:
+                        following.lead = following.woken = True
+                        following.wake.release()
+                if request in self._queue:  # an interrupt after the release leaves it queued, abandoned: never run
+                    self._queue.remove(request)
         if request.error is not None:
             raise request.error
-        return request.result  # type: ignore[return-value]
+        return request.result
 
     def _hand_over(self) -> None:
-        """The leader is done: the next caller in line leads the next group."""
+        """The lead is free (a commit in flight ended): the next caller in line leads the next group."""
         with self._group:
             if self._queue:
+                self._queue[0].lead = self._queue[0].woken = True
                 self._queue[0].wake.release()
             else:
                 self._leading = False
 
-    def _abandon(self, request: _Request) -> None:
-        """A caller stops waiting: take its write out of the queue, or pass on a lead handed to it."""
-        with self._group:
-            # A lead handed over leaves the request in the queue and releases its lock.
-            handed = request.wake.acquire(blocking=False) and not request.done
-            if request in self._queue:
-                self._queue.remove(request)
-                _fail([request], EventLogError("the write was abandoned before it was committed"))
-        if handed:
-            self._hand_over()
-
     def _commit_group(self, group: list[_Request]) -> None:
         """Run every request of ``group`` in one write transaction and commit once."""
+        if any(request.abandoned for request in group):  # callers interrupted before a group took them
+            _fail([r for r in group if r.abandoned], EventLogError(f"{self.path}: the write was abandoned before it was committed"))
+            group = [r for r in group if not r.abandoned]
+            if not group:
+                return
         try:
             self._check_identity()
         except CorruptLogError as e:
@@ -761,11 +801,14 @@ class Store:
 class _Request:
     """A write waiting for (or done by) a group commit."""
 
-    __slots__ = ("body", "done", "result", "error", "wake")
+    __slots__ = ("body", "done", "lead", "abandoned", "woken", "result", "error", "wake")
 
     def __init__(self, body: Callable[[lmdb.Transaction], object]) -> None:
         self.body = body
         self.done = False
+        self.lead = False  # this caller leads the next group (set before its wake is released)
+        self.abandoned = False  # its caller stopped waiting: never run it
+        self.woken = False  # its wake lock was released (it is released once)
         self.result: object = None
         self.error: BaseException | None = None
         self.wake = threading.Lock()  # released once, to wake the waiting caller

@@ -35,11 +35,7 @@ def run_grouped(log: EventLog, calls):
                 time.sleep(0.001)
             assert len(store._queue) == n, "writer did not queue up"
     finally:
-        with store._group:  # the commit in flight ends: hand the lead to the first in line
-            if store._queue:
-                store._queue[0].wake.release()
-            else:
-                store._leading = False
+        store._hand_over()  # the commit in flight ends: hand the lead to the first in line
     for t in threads:
         t.join(10)
     return [results[i] for i in range(len(calls))], store.commits - commits
@@ -224,17 +220,51 @@ def test_a_caller_interrupted_while_waiting_leaves_the_queue_working(log, monkey
     assert "gone" not in log.sessions()
 
 
-def test_a_caller_interrupted_just_as_the_lead_is_handed_to_it_passes_it_on(log):
+def test_a_caller_interrupted_just_as_the_lead_is_handed_to_it_passes_it_on(log, monkeypatch):
     store = log._store
-    request = _Request(lambda txn: None)
+    real_init = _Request.__init__
+
+    class HandedThenInterrupted:
+        """The lead is handed over, and Ctrl-C arrives as the caller wakes, before it sees it."""
+
+        def __init__(self):
+            self.lock = threading.Lock()
+            self.lock.acquire()
+
+        def acquire(self, blocking=True):
+            self.lock.acquire()
+            raise KeyboardInterrupt
+
+        def release(self):
+            self.lock.release()
+
+    def init(self, body):
+        real_init(self, body)
+        if threading.current_thread().name == "interrupted":
+            self.wake = HandedThenInterrupted()
+
+    monkeypatch.setattr(_Request, "__init__", init)
+    outcome = []
+
+    def interrupted():
+        try:
+            log.flush("gone", [user("never")])
+        except KeyboardInterrupt:
+            outcome.append("interrupted")
+
     with store._group:
-        store._leading = True
-        store._queue.append(request)
-    store._hand_over()  # the lead goes to the waiting request ...
-    store._abandon(request)  # ... whose caller was interrupted before it woke
-    assert not store._queue and not store._leading
-    assert request.done and request.error is not None
-    assert log.flush("s", [user("q")]).appended == 1
+        store._leading = True  # another thread's commit is in flight
+    t = threading.Thread(target=interrupted, name="interrupted")
+    t.start()
+    deadline = time.monotonic() + 10
+    while not store._queue and time.monotonic() < deadline:
+        time.sleep(0.001)
+    store._hand_over()  # the commit in flight ends: the lead goes to the waiting caller ...
+    t.join(10)  # ... who was interrupted as it woke
+    assert outcome == ["interrupted"]
+    assert not store._queue and not store._leading  # the lead was passed on, to nobody
+    assert _within(10, lambda: log.flush("s", [user("q")]))
+    assert "gone" not in log.sessions()
 
 
 class _InterruptedCommits:
@@ -333,3 +363,81 @@ def test_an_interrupt_before_any_event_of_a_group_acknowledges_nothing(tmp_path,
             assert isinstance(r, EventLogError) and "nothing of it was stored" in str(r)
         assert synced.sessions() == ["before"]
         assert synced.verify().ok
+
+
+def _interrupt_at(code, n: int, call) -> bool:
+    """Run ``call()`` with a KeyboardInterrupt raised at the ``n``-th point of ``code``'s frames where
+    CPython may run a signal handler (as the function starts, and as each call it makes returns);
+    return whether there was an ``n``-th point."""
+    import sys
+
+    seen = [0]
+
+    def profile(frame, event, arg):
+        here = frame.f_code is code and event in ("call", "c_return")
+        returning = event == "return" and frame.f_back is not None and frame.f_back.f_code is code
+        if here or returning:
+            seen[0] += 1
+            if seen[0] == n:
+                sys.setprofile(None)
+                raise KeyboardInterrupt
+
+    sys.setprofile(profile)
+    try:
+        call()
+    except KeyboardInterrupt:
+        pass
+    finally:
+        sys.setprofile(None)
+    return seen[0] >= n
+
+
+def _within(seconds: float, call) -> bool:
+    done = threading.Event()
+    threading.Thread(target=lambda: (call(), done.set()), daemon=True).start()
+    return done.wait(seconds)
+
+
+@pytest.mark.parametrize("where", ["write", "_write", "_slot", "_commit_group"])
+def test_an_interrupt_anywhere_in_taking_a_turn_to_write_leaves_the_log_working(tmp_path, where):
+    from eventlog.store import Store
+
+    function = getattr(Store, where)
+    code = getattr(function, "__wrapped__", function).__code__  # _slot is a context manager
+    n = 0
+    while True:
+        n += 1
+        with EventLog.open(tmp_path / f"{where}-{n}") as log:
+            first = log.append("s", [user("q")])
+            landed = _interrupt_at(code, n, lambda: log.append("s", [assistant("a")], expected_head=first.head))
+            after_interrupt = log.messages("s")
+            assert after_interrupt in ([user("q")], [user("q"), assistant("a")]), n
+            # Writes, reads and close go on (nothing waits for a slot or a lead the interrupt
+            # left behind), and an interrupted write is never applied later by another one.
+            assert _within(10, lambda: log.append("other", [user("x")])), f"a write after interrupt point {n} hangs"
+            assert log.messages("s") == after_interrupt, f"interrupt point {n}: the write was applied later"
+            assert log.append("s", [assistant("a")], expected_head=first.head).head == log.head("s")
+            assert log.messages("s") == [user("q"), assistant("a")]
+            assert _within(10, log._store.close), f"close() after interrupt point {n} hangs"
+        if not landed:
+            break
+    assert n > 3  # the interrupts did land
+
+
+def test_a_write_from_inside_a_write_on_the_same_thread_is_refused_at_once(log):
+    """A signal handler that writes runs on the thread it interrupted: if that thread is inside a
+    write, waiting for the write to finish would be waiting for itself."""
+    log.flush("s", [user("q")])
+    seen = []
+
+    def body(txn):
+        try:
+            log.flush("handler", [user("from the handler")])
+        except EventLogError as e:
+            seen.append(str(e))
+        return None
+
+    assert _within(10, lambda: log._store.write(body)), "the nested write waited for itself"
+    assert seen and "inside another write" in seen[0] and "finally" in seen[0]
+    assert "handler" not in log.sessions()
+    assert log.flush("handler", [user("later")]).appended == 1  # and the thread writes again afterwards
