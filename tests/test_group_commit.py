@@ -174,9 +174,31 @@ def test_a_group_that_cannot_be_committed_fails_every_caller_in_it_and_nothing_h
     assert not store._queue and not store._leading
 
 
+def _start_interrupted_flush(log: EventLog, monkeypatch, wake) -> tuple[threading.Thread, list]:
+    """Start a flush in a thread whose wait for its turn uses ``wake()`` (where Ctrl-C lands)."""
+    real_init = _Request.__init__
+
+    def init(self, body):
+        real_init(self, body)
+        if threading.current_thread().name == "interrupted":
+            self.wake = wake()
+
+    monkeypatch.setattr(_Request, "__init__", init)
+    outcome: list = []
+
+    def interrupted():
+        try:
+            log.flush("gone", [user("never")])
+        except KeyboardInterrupt:
+            outcome.append("interrupted")
+
+    t = threading.Thread(target=interrupted, name="interrupted")
+    t.start()
+    return t, outcome
+
+
 def test_a_caller_interrupted_while_waiting_leaves_the_queue_working(log, monkeypatch):
     store = log._store
-    real_init = _Request.__init__
 
     class Interrupted:
         def acquire(self, blocking=True):
@@ -187,28 +209,13 @@ def test_a_caller_interrupted_while_waiting_leaves_the_queue_working(log, monkey
         def release(self):
             pass
 
-    def init(self, body):
-        real_init(self, body)
-        if threading.current_thread().name == "interrupted":
-            self.wake = Interrupted()
-
-    monkeypatch.setattr(_Request, "__init__", init)
-    outcome = []
-
-    def interrupted():
-        try:
-            log.flush("gone", [user("never")])
-        except KeyboardInterrupt:
-            outcome.append("interrupted")
-
     release = threading.Event()
     leader = threading.Thread(target=lambda: store.write(lambda txn: release.wait(10)))
     leader.start()  # a commit in flight
     deadline = time.monotonic() + 10
     while not store._leading and time.monotonic() < deadline:
         time.sleep(0.001)
-    t = threading.Thread(target=interrupted, name="interrupted")
-    t.start()
+    t, outcome = _start_interrupted_flush(log, monkeypatch, Interrupted)
     t.join(10)
     assert outcome == ["interrupted"] and not store._queue  # the abandoned write left the queue
     release.set()
@@ -222,7 +229,6 @@ def test_a_caller_interrupted_while_waiting_leaves_the_queue_working(log, monkey
 
 def test_a_caller_interrupted_just_as_the_lead_is_handed_to_it_passes_it_on(log, monkeypatch):
     store = log._store
-    real_init = _Request.__init__
 
     class HandedThenInterrupted:
         """The lead is handed over, and Ctrl-C arrives as the caller wakes, before it sees it."""
@@ -238,24 +244,9 @@ def test_a_caller_interrupted_just_as_the_lead_is_handed_to_it_passes_it_on(log,
         def release(self):
             self.lock.release()
 
-    def init(self, body):
-        real_init(self, body)
-        if threading.current_thread().name == "interrupted":
-            self.wake = HandedThenInterrupted()
-
-    monkeypatch.setattr(_Request, "__init__", init)
-    outcome = []
-
-    def interrupted():
-        try:
-            log.flush("gone", [user("never")])
-        except KeyboardInterrupt:
-            outcome.append("interrupted")
-
     with store._group:
         store._leading = True  # another thread's commit is in flight
-    t = threading.Thread(target=interrupted, name="interrupted")
-    t.start()
+    t, outcome = _start_interrupted_flush(log, monkeypatch, HandedThenInterrupted)
     deadline = time.monotonic() + 10
     while not store._queue and time.monotonic() < deadline:
         time.sleep(0.001)
