@@ -60,6 +60,10 @@ def check_session_id(session_id: object) -> str:
 
 T = TypeVar("T")
 
+TURNS_KEPT = 4096
+"""Sessions whose turn lock a log keeps after their flushes end (beyond this, those no flush
+is using are forgotten)."""
+
 
 class _Turn:
     """The lock that flushes of one session take turns on, and how many threads want it."""
@@ -289,35 +293,38 @@ class EventLog:
         expected = _head_bytes(expected_head)
         if isinstance(messages, (str, bytes, Mapping)) or not isinstance(messages, Sequence):
             raise TypeError(f"messages must be a list of message dicts, not {type(messages).__name__}")
-        return self._one_at_a_time([session_id], lambda: self._flush(session_id, messages, overrides, expected, replace))
-
-    def _one_at_a_time(self, session_ids: list[str], run: Callable[[], T]) -> T:
-        """``run()`` while no other thread of this process flushes one of ``session_ids``.
-
-        A flush reads the caller's list and commits what it read; two threads flushing one
-        growing list (a turn's end and an interrupt handler) must commit in the order they
-        read it, or the older list would tombstone the newer turn as a rewind.  So flushes
-        of a session take turns, from the moment the list is read until the commit.  The
-        lock is re-entrant: a signal handler that flushes while this thread is between a
-        flush's read and its write goes ahead (see :meth:`Store.write` for a handler that
-        arrives during the write itself).
-        """
-        turns = []
-        with self._turns_guard:
-            for session_id in sorted(set(session_ids)):  # one order everywhere: no deadlock
-                turn = self._turns.get(session_id)
-                if turn is None:
-                    turn = self._turns[session_id] = _Turn()
-                turn.users += 1
-                turns.append((session_id, turn))
+        turn = self._turns_of([session_id])[0]
         try:
-            return _holding([turn.lock for _, turn in turns], run)
+            with turn.lock:
+                return self._flush(session_id, messages, overrides, expected, replace)
         finally:
             with self._turns_guard:
-                for session_id, turn in turns:
-                    turn.users -= 1
-                    if not turn.users:
-                        self._turns.pop(session_id, None)
+                turn.users -= 1  # a count an interrupt leaves high only keeps the entry longer
+
+    def _turns_of(self, session_ids: list[str]) -> list[_Turn]:
+        """The locks that flushes of ``session_ids`` take turns on, counted as wanted.
+
+        A flush reads the caller's list and commits what it read; two threads flushing one
+        growing list (a turn's end and a shutdown path) must commit in the order they read
+        it, or the older list would tombstone the newer turn as a rewind.  So flushes of a
+        session take turns, from the moment the list is read until the commit.  The lock
+        is re-entrant: a signal handler that flushes while this thread is between a flush's
+        read and its write goes ahead (:meth:`Store.write` refuses one that arrives during
+        the write itself).  The caller takes the locks in the order given and lowers each
+        ``users`` when done.
+        """
+        out = []
+        with self._turns_guard:
+            turns = self._turns
+            if len(turns) >= TURNS_KEPT:  # forget the sessions nobody is flushing
+                self._turns = turns = {key: turn for key, turn in turns.items() if turn.users > 0}
+            for session_id in session_ids:
+                turn = turns.get(session_id)
+                if turn is None:
+                    turn = turns[session_id] = _Turn()
+                turn.users += 1
+                out.append(turn)
+        return out
 
     def _flush(
         self,
@@ -405,7 +412,13 @@ class EventLog:
             raise TypeError(f"transcripts must map session ids to lists of messages, not {type(transcripts).__name__}")
         for session_id in transcripts:
             check_session_id(session_id)
-        return self._one_at_a_time(list(transcripts), lambda: self._flush_many(transcripts, replace))
+        turns = self._turns_of(sorted(transcripts))  # one order everywhere: no deadlock
+        try:
+            return _holding([turn.lock for turn in turns], lambda: self._flush_many(transcripts, replace))
+        finally:
+            with self._turns_guard:
+                for turn in turns:
+                    turn.users -= 1
 
     def _flush_many(self, transcripts: Mapping[str, Sequence[Mapping[str, Any]]], replace: bool) -> dict[str, FlushResult]:
         store, writer = self._store, self._writer

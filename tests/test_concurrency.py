@@ -140,3 +140,14 @@ def test_a_grown_list_another_process_already_stored_writes_nothing(tmp_path: Pa
         assert log.messages("s") == conversation(6)
         assert stored_bodies(log) == 6
         assert log.verify().ok
+
+
+def test_the_turn_locks_of_sessions_nobody_flushes_are_forgotten(tmp_path, monkeypatch):
+    import eventlog.log
+
+    monkeypatch.setattr(eventlog.log, "TURNS_KEPT", 8)
+    with EventLog.open(tmp_path / "l") as log:
+        for i in range(50):
+            log.flush(f"s{i}", conversation(1))
+        assert len(log._turns) <= 8
+        assert all(turn.users == 0 for turn in log._turns.values())
