@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 import os
 import threading
+import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any, TypeVar
 
@@ -449,7 +450,8 @@ class EventLog:
             else:
 
                 def body(txn: Any) -> dict[str, FlushResult]:
-                    return {session_id: writer.flush(txn, session_id, p, {}, None, replace) for session_id, p in prepared.items()}
+                    now = time.time_ns()  # one time for the whole write: projections show all of it or none
+                    return {session_id: writer.flush(txn, session_id, p, {}, None, replace, now) for session_id, p in prepared.items()}
 
                 store.reserve(sum(_room(p, lengths[session_id]) for session_id, p in prepared.items()))
                 try:

@@ -864,11 +864,11 @@ class Batch:
 
     __slots__ = ("store", "txn", "seq", "hash", "now")
 
-    def __init__(self, store: Store, txn: lmdb.Transaction) -> None:
+    def __init__(self, store: Store, txn: lmdb.Transaction, now: int | None = None) -> None:
         self.store = store
         self.txn = txn
         self.seq, self.hash = store.tail(txn)
-        self.now = time.time_ns()
+        self.now = time.time_ns() if now is None else now
 
     def emit(self, event: ev.AnyEvent, state: SessionState, size: int = 0) -> int:
         """Append ``event`` to the transaction; ``size`` is about how many bytes its encoding

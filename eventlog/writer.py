@@ -241,8 +241,12 @@ class Writer:
         notes: dict[int, dict[str, Any]],
         expected: bytes | None,
         replace: bool,
+        now: int | None = None,
     ) -> FlushResult:
-        """Make the stored live transcript equal to ``prepared`` (see :meth:`EventLog.flush`)."""
+        """Make the stored live transcript equal to ``prepared`` (see :meth:`EventLog.flush`).
+
+        ``now``: the time of the events, when this is part of a larger write (one time marks
+        one write for the projections, which never show readers part of one)."""
         store = self.store
         state = store.session(txn, session_id)
         length = state.length if state else 0
@@ -279,7 +283,7 @@ class Writer:
                 reason = "edit"
             else:
                 reason = "rewind"
-        batch = Batch(store, txn)
+        batch = Batch(store, txn, now)
         if state is None:
             state = self.open_session(batch, session_id)
         tombstoned = length - k

@@ -408,6 +408,28 @@ def test_catch_up_never_shows_readers_part_of_a_write(tmp_path: Path, log: Event
     assert seen and set(seen) <= {30, 2}, f"a reader saw session s with {seen} live rows (the log: 30, then 2)"
 
 
+def test_catch_up_shows_readers_all_of_a_flush_many_or_none(tmp_path: Path, log: EventLog, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The sessions of one flush_many are one write: a reader sees all of them or none."""
+    proj = SQLiteProjection(tmp_path / "p.db", batch=5)
+    log.flush_many({f"agent-{i}": [user(f"q{i}"), assistant(f"a{i}")] for i in range(6)})
+    reader = sqlite3.connect(tmp_path / "p.db", isolation_level=None)
+    seen: list[int] = []
+    write = proj._write
+
+    @contextlib.contextmanager
+    def watched():
+        with write():
+            yield
+        seen.append(reader.execute("SELECT count(*) FROM live_messages").fetchone()[0])
+
+    monkeypatch.setattr(proj, "_write", watched)
+    proj.catch_up(log)
+    monkeypatch.undo()
+    reader.close()
+    proj.close()
+    assert seen and set(seen) <= {0, 12}, f"a reader saw {seen} live rows of the 12 one flush_many wrote"
+
+
 def test_catch_up_chunks_stay_bounded_when_the_clock_stands_still(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """Writes are told apart by their time; a clock frozen by a test framework must not turn a
     catch-up into one transaction of everything."""
