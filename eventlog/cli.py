@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import stat
 import sys
 import time
 from collections import Counter
@@ -874,21 +875,29 @@ def export(session: str, fmt: str, output: str, as_of: int | None, repair: bool)
         with click.open_file("-", "w", encoding="utf-8") as handle:  # UTF-8 whatever the locale
             handle.writelines(lines)
         return
+    target = os.path.realpath(output)  # through a symlink, to the file it names
     try:
-        _write_whole(output, lines)
+        if os.path.exists(target) and not os.path.isfile(target):
+            with open(target, "w", encoding="utf-8") as handle:  # a pipe or a device: written as it comes
+                handle.writelines(lines)
+        else:
+            _write_whole(target, lines)
     except OSError as e:
         _fail(f"{output}: {e.strerror or e}; the file is left as it was")
 
 
 def _write_whole(path: str, lines: Iterator[str]) -> None:
-    """Write ``lines`` to ``path`` whole or not at all: into a new file beside it, synced and
-    renamed over it, so a failure (a full disk) leaves the previous file and no partial one."""
-    folder, name = os.path.split(os.path.abspath(path))
+    """Write ``lines`` to the file ``path`` whole or not at all: into a new file beside it,
+    synced and renamed over it (with the old file's permissions), so a failure (a full disk)
+    leaves the previous file and no partial one."""
+    folder, name = os.path.split(path)
     temporary = os.path.join(folder, f".{name}.{os.getpid()}.tmp")
     try:
         with open(temporary, "x", encoding="utf-8") as handle:
             handle.writelines(lines)
             handle.flush()
+            if os.path.exists(path):
+                os.chmod(handle.fileno(), stat.S_IMODE(os.stat(path).st_mode))
             os.fsync(handle.fileno())
         os.replace(temporary, path)
     except BaseException:

@@ -3,11 +3,11 @@
 Reading (:func:`read_jsonl`) accepts two shapes per line, mixed freely:
 
 - a message: a JSON object such as ``{"role": "user", "content": "hi"}``;
-- a conversation: an OpenAI fine-tuning line ``{"messages": [...]}``, possibly with the
-  line's ``tools``, ``functions`` and ``parallel_tool_calls`` beside it.  Those describe
-  the request, not the transcript, and are not imported.  An object with other keys
-  beside ``messages`` (such as a Responses-API item ``{"type": ..., "messages": ...}``)
-  is a message, so every message the log exports reads back as itself.
+- a conversation: an object with a ``messages`` list and none of a message's ``role``,
+  ``type`` or ``content``, such as an OpenAI fine-tuning line ``{"messages": [...]}``.
+  Its other keys (a dataset's ``id``, the request's ``tools``) are not imported.  An
+  object with one of those message keys (a Responses-API item ``{"type": ...,
+  "messages": ...}``) is a message, so the messages the log exports read back as themselves.
 
 The whole file is parsed and checked before anything is written, so a bad line
 fails the import with its line number and nothing of the file is stored.
@@ -53,9 +53,8 @@ class Conversation:
     lines: list[int]
 
 
-CONVERSATION_KEYS = frozenset({"messages", "tools", "functions", "parallel_tool_calls"})
-"""The keys of a conversation line (an OpenAI fine-tuning line); any other key makes the
-object a message."""
+MESSAGE_KEYS = frozenset({"role", "type", "content"})
+"""Keys that make an object with a ``messages`` key a message rather than a conversation."""
 
 
 def _reject_constant(name: str) -> Any:
@@ -93,7 +92,7 @@ def read_jsonl(text: str, *, name: str = "<input>", split: bool = False) -> list
                 f"{where}: expected a JSON object (a message or {{\"messages\": [...]}}), found {_json_type(value)}",
                 line=number,
             )
-        if "messages" in value and value.keys() <= CONVERSATION_KEYS:
+        if "messages" in value and not value.keys() & MESSAGE_KEYS:
             batch = value["messages"]
             if not isinstance(batch, list):
                 raise ImportFormatError(f"{where}: \"messages\" must be a list, found {_json_type(batch)}", line=number)

@@ -464,13 +464,15 @@ def _repair_responses(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
     for item in messages:
         kind = item.get("type")
         call_id = item.get("call_id")
+        if not isinstance(kind, str):  # any JSON value may stand there; only text names an item type
+            kind = None
         if kind in _RESPONSES_OUTPUTS and isinstance(call_id, str):
             calls.setdefault(call_id, _RESPONSES_OUTPUTS[kind])
         elif kind in _RESPONSES_OUTPUTS.values():
-            if calls.get(call_id) != kind or call_id in answered:  # type: ignore[arg-type]
+            if not isinstance(call_id, str) or calls.get(call_id) != kind or call_id in answered:
                 keep.append(False)  # answers no earlier call, or answers it again
                 continue
-            answered.add(call_id)  # type: ignore[arg-type]
+            answered.add(call_id)
         keep.append(True)
     if not calls and all(keep):
         return messages
@@ -478,7 +480,7 @@ def _repair_responses(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
     unanswered: list[str] = []  # calls of the current run of calls and outputs with no output anywhere
     for item, kept in zip(messages, keep):
         kind = item.get("type")
-        in_run = kind in _RESPONSES_OUTPUTS or kind in _RESPONSES_OUTPUTS.values()
+        in_run = isinstance(kind, str) and (kind in _RESPONSES_OUTPUTS or kind in _RESPONSES_OUTPUTS.values())
         if not in_run and unanswered:
             out.extend({"type": calls[call_id], "call_id": call_id, "output": NO_RESULT} for call_id in unanswered)
             unanswered = []
@@ -486,7 +488,7 @@ def _repair_responses(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
             continue
         out.append(item)
         call_id = item.get("call_id")
-        if kind in _RESPONSES_OUTPUTS and call_id not in answered and call_id not in unanswered:
-            unanswered.append(call_id)  # type: ignore[arg-type]
+        if in_run and kind in _RESPONSES_OUTPUTS and isinstance(call_id, str) and call_id not in answered and call_id not in unanswered:
+            unanswered.append(call_id)
     out.extend({"type": calls[call_id], "call_id": call_id, "output": NO_RESULT} for call_id in unanswered)
     return out

@@ -33,6 +33,7 @@ import os
 import struct
 import threading
 import time
+from collections import defaultdict
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -82,6 +83,9 @@ PAGE = 4096
 MARKER = "eventlog.id"
 """A file written beside the LMDB files once the log exists (its id in hex): with it, an empty
 or missing data file is damage, not a log still being created by another process."""
+WAKE_POLL = 0.1
+"""Seconds between the looks a waiting thread takes at what it waits for, in case an interrupt
+of the thread that was to wake it skipped the wake-up (its state is set before it)."""
 READER_CHECK_EVERY = 64
 """Commits between sweeps of reader slots left by dead processes (they pin old pages)."""
 
@@ -255,7 +259,8 @@ class Store:
         self._slot_lock = threading.RLock()
         self._cond = threading.Condition(self._slot_lock)
         self._active = 0
-        self._local = threading.local()  # .writing: this thread is inside write()
+        self._local = _PerThread()
+        self._held: defaultdict[int, int] = defaultdict(int)  # thread -> transaction slots it holds
         self._resizing = False
         self._closed = False
         self._tail = (0, bytes(32))  # last committed event seen by this process: (seq, hash)
@@ -281,9 +286,17 @@ class Store:
     # -- lifecycle -------------------------------------------------------------
 
     def close(self) -> None:
+        """Close the environment once no other thread of this process has a transaction open.
+
+        Slots this thread holds do not hold up its own close: one entered as an interrupt
+        (Ctrl-C) landed stays counted while the exception lives, and ``close()`` in the
+        ``except`` block that caught it must not wait for itself.
+        """
         with self._slot_lock:
             self._closed = True
-            self._wait_idle()
+            own = self._held.get(threading.get_ident(), 0)
+            while not self._cond.wait_for(lambda: self._active <= own, timeout=WAKE_POLL):
+                pass
         if self._zero_fd is not None:
             os.close(self._zero_fd)
             self._zero_fd = None
@@ -346,32 +359,34 @@ class Store:
                 "open it again in this process"
             )
         counted = False
+        me = threading.get_ident()  # the generator may be finished on another thread
         try:
             with self._slot_lock:
                 if self._closed:
                     raise EventLogError(f"{self.path}: the log is closed")
-                self._cond.wait_for(lambda: not self._resizing)
+                while not self._cond.wait_for(lambda: not self._resizing, timeout=WAKE_POLL):
+                    pass  # polled: an interrupt of the resizing thread may skip its notify
                 self._active += 1
+                self._held[me] += 1
                 counted = True
             yield
         finally:
             if counted:
                 with self._slot_lock:
                     self._active -= 1
+                    self._held[me] -= 1
+                    if not self._held[me]:
+                        del self._held[me]
                 with self._slot_lock:
                     self._cond.notify_all()  # if an interrupt skips this, waiters look again soon
-
-    def _wait_idle(self) -> None:
-        """Wait (holding ``_slot_lock``) until no transaction of this process is open."""
-        while not self._cond.wait_for(lambda: self._active == 0, timeout=0.1):
-            pass
 
     def _resize(self, new_size: int) -> None:
         """Set the map size (0: adopt the size another process set) with no transaction open here."""
         with self._slot_lock:
             self._resizing = True
             try:
-                self._wait_idle()
+                while not self._cond.wait_for(lambda: self._active == 0, timeout=WAKE_POLL):
+                    pass
                 self.env.set_mapsize(new_size)
             finally:
                 self._resizing = False
@@ -418,7 +433,7 @@ class Store:
         the commit that holds their write is done.
         """
         local = self._local
-        if getattr(local, "writing", False):
+        if local.writing:
             # This thread is inside a write already (a signal handler that writes, run in the
             # middle of one): waiting here could mean waiting for itself.
             raise EventLogError(
@@ -443,7 +458,10 @@ class Store:
                     request.lead = True  # first: an interrupt between the two leaves a lead to pass on
                     self._leading = True
             if not request.lead:
-                request.wake.acquire()  # woken once: a commit held this write, or the lead was handed to it
+                # Woken once: a commit held this write, or the lead was handed to it.  Polled, in
+                # case an interrupt of the leader skipped the release after marking it done.
+                while not request.wake.acquire(timeout=WAKE_POLL) and not (request.done or request.lead):
+                    pass
                 if not request.done and not request.lead:
                     # The leader was interrupted before it could say what became of this write.
                     raise _not_written(self.path, KeyboardInterrupt())
@@ -532,6 +550,7 @@ class Store:
                             self._preallocate()
                         self._run_group(txn, group)
                         txn.commit()
+                        self._committed(group)  # in the try: an interrupt here is found by _landed()
                     except _BodyFailed:
                         txn.abort()
                         group[0].done = True
@@ -566,18 +585,18 @@ class Store:
                             _fail(group, e if isinstance(e, Exception) else _not_written(self.path, e))
                         raise
                     else:
-                        self._committed(group)
                         return
             self._resize(grow_to)
 
     def _committed(self, group: list[_Request]) -> None:
+        """Mark ``group`` stored (run again by the interrupt path when an interrupt cut it short)."""
+        for request in group:
+            request.done = True
         if self._pending_tail is not None:
             self._tail = self._pending_tail
         self.commits += 1
         self.grouped_writes += len(group)
         self._last_group = len(group)
-        for request in group:
-            request.done = True
 
     def _landed(self) -> bool:
         """Whether the write transaction just cut short was committed all the same.
@@ -813,6 +832,12 @@ class _Request:
         self.error: BaseException | None = None
         self.wake = threading.Lock()  # released once, to wake the waiting caller
         self.wake.acquire()
+
+
+class _PerThread(threading.local):
+    """What a store knows about the thread using it."""
+
+    writing = False  # inside write(): a write from here now would wait for itself
 
 
 class _BodyFailed(Exception):

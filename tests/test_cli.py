@@ -311,6 +311,12 @@ def test_a_fine_tuning_line_with_tools_is_a_conversation(tmp_path):
     assert run("import", str(source), log=log).stdout.strip() == "ft: 2 messages read, 2 written"
 
 
+def test_a_conversation_line_with_a_dataset_id_is_a_conversation(tmp_path):
+    log, source = tmp_path / "log", tmp_path / "ds.jsonl"
+    source.write_text(json.dumps({"id": "conv-1", "messages": [user("a"), assistant("b")]}) + "\n")
+    assert run("import", str(source), log=log).stdout.strip() == "ds: 2 messages read, 2 written"
+
+
 def test_a_line_nested_too_deeply_is_a_one_line_error(tmp_path):
     source = tmp_path / "deep.jsonl"
     source.write_text(json.dumps(user("fine")) + "\n" + '{"a":' * 5000 + "1" + "}" * 5000 + "\n")
@@ -389,6 +395,27 @@ def test_odd_tool_calls_are_shown_and_exported_not_a_crash(tmp_path, calls):
         assert result.exit_code == 0, (args, result.output)
     turns = json.loads(run("export", "s", "--format", "sharegpt", log=log).stdout)["conversations"]
     assert turns[0] == {"from": "human", "value": "go"} and turns[1]["value"] in ("ok", json.dumps({"name": "", "arguments": ""}, separators=(",", ":")))
+
+
+def test_export_writes_through_a_symlink_and_into_a_pipe_and_keeps_permissions(logdir, tmp_path):
+    import stat
+    import threading
+
+    real, link = tmp_path / "real.jsonl", tmp_path / "link.jsonl"
+    real.write_text("old\n")
+    real.chmod(0o640)
+    link.symlink_to(real)
+    assert run("export", "chat", "-o", str(link), log=logdir).exit_code == 0
+    assert link.is_symlink() and real.read_text().count("\n") == 5  # the file it names was replaced
+    assert stat.S_IMODE(real.stat().st_mode) == 0o640
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo)
+    got = []
+    reader = threading.Thread(target=lambda: got.append(fifo.read_text()))
+    reader.start()
+    assert run("export", "chat", "-o", str(fifo), log=logdir).exit_code == 0
+    reader.join(10)
+    assert got and got[0].count("\n") == 5 and stat.S_ISFIFO(fifo.stat().st_mode)
 
 
 def test_a_failed_export_leaves_the_previous_file_as_it_was(logdir, tmp_path, monkeypatch):

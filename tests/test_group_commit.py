@@ -201,7 +201,7 @@ def test_a_caller_interrupted_while_waiting_leaves_the_queue_working(log, monkey
     store = log._store
 
     class Interrupted:
-        def acquire(self, blocking=True):
+        def acquire(self, blocking=True, timeout=-1):
             if blocking:
                 raise KeyboardInterrupt
             return False
@@ -237,7 +237,7 @@ def test_a_caller_interrupted_just_as_the_lead_is_handed_to_it_passes_it_on(log,
             self.lock = threading.Lock()
             self.lock.acquire()
 
-        def acquire(self, blocking=True):
+        def acquire(self, blocking=True, timeout=-1):
             self.lock.acquire()
             raise KeyboardInterrupt
 
@@ -413,6 +413,104 @@ def test_an_interrupt_anywhere_in_taking_a_turn_to_write_leaves_the_log_working(
         if not landed:
             break
     assert n > 3  # the interrupts did land
+
+
+@pytest.mark.parametrize("where", ["_write", "_commit_group", "_committed"])
+def test_callers_behind_an_interrupted_leader_return_and_are_told_the_truth(tmp_path, where):
+    """The first caller in line leads a group of three and is interrupted at one point after
+    another; the two behind it always return, told "stored" exactly when their write is."""
+    from eventlog.store import Store
+
+    code = getattr(Store, where).__code__
+    n = 0
+    while True:
+        n += 1
+        with EventLog.open(tmp_path / f"{where}-{n}", durability="none") as log:
+            store = log._store
+            outcome: dict[str, object] = {}
+            fired = []
+
+            def write(name, interrupt_at=None):
+                import sys
+
+                points = [0]
+
+                def profile(frame, event, arg):
+                    here = frame.f_code is code and event in ("call", "c_return")
+                    if here or (event == "return" and frame.f_back is not None and frame.f_back.f_code is code):
+                        points[0] += 1
+                        if points[0] == interrupt_at:
+                            sys.setprofile(None)
+                            fired.append(True)
+                            raise KeyboardInterrupt
+
+                if interrupt_at:
+                    sys.setprofile(profile)
+                try:
+                    outcome[name] = log.append(name, [user(name)])
+                except BaseException as e:
+                    outcome[name] = e
+                finally:
+                    sys.setprofile(None)
+
+            with store._group:
+                store._leading = True  # a commit in flight: the three queue up in order
+            threads = [threading.Thread(target=write, args=("leader", n))]
+            threads += [threading.Thread(target=write, args=(name,)) for name in ("f1", "f2")]
+            for t in threads:
+                queued = len(store._queue)
+                t.start()
+                deadline = time.monotonic() + 10
+                while len(store._queue) == queued and t.is_alive() and time.monotonic() < deadline:
+                    time.sleep(0.001)  # until it waits in line (or, interrupted first, has left)
+            store._hand_over()
+            for t in threads:
+                t.join(10)
+            assert not any(t.is_alive() for t in threads), f"a caller never returned after interrupt point {n}"
+            stored = set(log.sessions())
+            for name in ("f1", "f2"):
+                told_stored = not isinstance(outcome[name], BaseException)
+                assert told_stored == (name in stored), f"interrupt point {n}: {name} told {outcome[name]!r}"
+            assert _within(10, lambda: log.append("after", [user("x")]))
+            # An interrupt as a transaction slot is entered leaves it counted until the
+            # exception, whose traceback holds the slot's frame, is let go (the next test).
+            outcome.clear()
+        if not fired:
+            break
+    assert n > 3
+
+
+def test_close_in_the_except_block_of_an_interrupt_never_waits_for_itself(tmp_path):
+    import sys
+
+    from eventlog.store import Store
+
+    read = Store.read.__wrapped__.__code__
+    outcome = []
+
+    def agent():
+        log = EventLog.open(tmp_path / "l")
+        log.flush("s", [user("q")])
+
+        def profile(frame, event, arg):  # Ctrl-C as the slot of a read is entered
+            if event == "return" and frame.f_code.co_name == "__enter__" and frame.f_back and frame.f_back.f_code is read:
+                sys.setprofile(None)
+                raise KeyboardInterrupt
+
+        sys.setprofile(profile)
+        try:
+            log.messages("s")
+        except KeyboardInterrupt:
+            outcome.append(log._store._active)  # the slot stays counted while the exception lives
+            log.close()
+            outcome.append("closed")
+        finally:
+            sys.setprofile(None)
+
+    t = threading.Thread(target=agent, daemon=True)
+    t.start()
+    t.join(10)
+    assert outcome == [1, "closed"]
 
 
 def test_a_write_from_inside_a_write_on_the_same_thread_is_refused_at_once(log):

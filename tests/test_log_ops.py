@@ -312,3 +312,13 @@ def test_repair_leaves_a_complete_transcript_of_each_shape_as_it_is():
     anthropic = [{"role": "user", "content": "q"}, {"role": "assistant", "content": [_use("t")]}, {"role": "user", "content": [_result("t")]}, {"role": "assistant", "content": "done"}]
     for messages in (chat, anthropic, [user("just"), assistant("talk")]):
         assert repair(messages) == messages
+
+
+def test_repair_takes_any_json_value_where_an_id_or_type_stands():
+    odd = [
+        {"role": "user", "content": "x", "type": ["odd"]},
+        {"type": "function_call_output", "call_id": ["x"], "output": "answers no call"},
+        {"type": "function_call", "call_id": 7, "name": "f", "arguments": "{}"},
+        {"role": "assistant", "content": [{"type": "tool_use", "id": ["z"]}]},
+    ]
+    assert repair(odd) == [odd[0], odd[2], odd[3]]
