@@ -382,6 +382,27 @@ class Failing:
             yield record
 
 
+def _counts_seen_by_a_reader(tmp_path: Path, log: EventLog, proj: SQLiteProjection, monkeypatch: pytest.MonkeyPatch, query: str) -> list[int]:
+    """Catch ``proj`` up and return what a reader of the file counted with ``query`` after
+    each transaction of the catch-up."""
+    reader = sqlite3.connect(tmp_path / "p.db", isolation_level=None)
+    seen: list[int] = []
+    write = proj._write
+
+    @contextlib.contextmanager
+    def watched():
+        with write():
+            yield
+        seen.append(reader.execute(query).fetchone()[0])
+
+    monkeypatch.setattr(proj, "_write", watched)
+    proj.catch_up(log)
+    monkeypatch.undo()
+    reader.close()
+    proj.close()
+    return seen
+
+
 def test_catch_up_never_shows_readers_part_of_a_write(tmp_path: Path, log: EventLog, monkeypatch: pytest.MonkeyPatch) -> None:
     """Catch-up commits in chunks of about ``batch`` messages, but never inside one write of
     the log: a compaction's tombstones and its summary become visible together."""
@@ -390,21 +411,7 @@ def test_catch_up_never_shows_readers_part_of_a_write(tmp_path: Path, log: Event
     proj.catch_up(log)
     log.flush("big", [user(f"b{i}") for i in range(48)])  # with its opening, the chunk is full right after the tombstones
     log.compact("s", start=0, end=29, summary=[user("summary")])
-    reader = sqlite3.connect(tmp_path / "p.db", isolation_level=None)
-    seen: list[int] = []
-    write = proj._write
-
-    @contextlib.contextmanager
-    def watched():
-        with write():
-            yield
-        seen.append(reader.execute("SELECT count(*) FROM live_messages WHERE session_id = 's'").fetchone()[0])
-
-    monkeypatch.setattr(proj, "_write", watched)
-    proj.catch_up(log)
-    monkeypatch.undo()
-    reader.close()
-    proj.close()
+    seen = _counts_seen_by_a_reader(tmp_path, log, proj, monkeypatch, "SELECT count(*) FROM live_messages WHERE session_id = 's'")
     assert seen and set(seen) <= {30, 2}, f"a reader saw session s with {seen} live rows (the log: 30, then 2)"
 
 
@@ -412,21 +419,7 @@ def test_catch_up_shows_readers_all_of_a_flush_many_or_none(tmp_path: Path, log:
     """The sessions of one flush_many are one write: a reader sees all of them or none."""
     proj = SQLiteProjection(tmp_path / "p.db", batch=5)
     log.flush_many({f"agent-{i}": [user(f"q{i}"), assistant(f"a{i}")] for i in range(6)})
-    reader = sqlite3.connect(tmp_path / "p.db", isolation_level=None)
-    seen: list[int] = []
-    write = proj._write
-
-    @contextlib.contextmanager
-    def watched():
-        with write():
-            yield
-        seen.append(reader.execute("SELECT count(*) FROM live_messages").fetchone()[0])
-
-    monkeypatch.setattr(proj, "_write", watched)
-    proj.catch_up(log)
-    monkeypatch.undo()
-    reader.close()
-    proj.close()
+    seen = _counts_seen_by_a_reader(tmp_path, log, proj, monkeypatch, "SELECT count(*) FROM live_messages")
     assert seen and set(seen) <= {0, 12}, f"a reader saw {seen} live rows of the 12 one flush_many wrote"
 
 
