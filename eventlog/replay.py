@@ -295,7 +295,7 @@ def _replay(reader: BodyReader, session_id: str, upto: int | None) -> tuple[list
     occurrences: list[Occurrence] = []
     live: list[int] = []
     for seq in session_events(store, txn, state, upto):
-        event = store.load(seq, reader.checked(seq)).event
+        event = store.decode(seq, reader.checked(seq))  # checked against its hash: not hashed again
         if isinstance(event, ev.MessagesAppended):
             if event.position != len(live):
                 raise CorruptLogError(

@@ -510,15 +510,6 @@ class Store:
             raise request.error
         return request.result
 
-    def _hand_over(self) -> None:
-        """The lead is free (a commit in flight ended): the next caller in line leads the next group."""
-        with self._group:
-            if self._queue:
-                self._queue[0].lead = self._queue[0].woken = True
-                self._queue[0].wake.release()
-            else:
-                self._leading = False
-
     def _commit_group(self, group: list[_Request]) -> None:
         """Run every request of ``group`` in one write transaction and commit once."""
         if any(request.abandoned for request in group):  # callers interrupted before a group took them
@@ -809,12 +800,18 @@ class Store:
 
     def load(self, seq: int, raw: bytes) -> Record:
         """Decode a stored event (the payload is decoded here, at the boundary)."""
+        event = self.decode(seq, raw)  # first: it refuses an event shorter than its envelope
+        prev, t, kind, _number, _before = HEADER.unpack_from(raw)
+        return Record(seq, t, kind, prev, event_hash(seq, raw), event)
+
+    def decode(self, seq: int, raw: bytes) -> ev.AnyEvent:
+        """The payload of a stored event, for a reader that has its hash already (or needs none)."""
         try:
-            prev, t, kind, _number, _before = HEADER.unpack_from(raw)
-            event = ev.decoder.decode(memoryview(raw)[HEADER.size :])
+            if len(raw) < HEADER.size:
+                raise ValueError(f"{len(raw)} bytes, shorter than its envelope")
+            return ev.decoder.decode(memoryview(raw)[HEADER.size :])
         except Exception as e:
             raise CorruptLogError(f"{self.path}: event {seq} cannot be decoded ({e})") from e
-        return Record(seq, t, kind, prev, event_hash(seq, raw), event)
 
 
 class _Request:

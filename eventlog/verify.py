@@ -100,11 +100,10 @@ def verify(store: Store, *, progress: Callable[[int, int], None] | None = None, 
                 problems.append(Problem(seq, "previous-event hash does not match the event before it"))
             prev_hash = event_hash(seq, raw)
             try:
-                record = store.load(seq, raw)
+                event = store.decode(seq, raw)  # hashed just above
             except CorruptLogError as e:
                 problems.append(Problem(seq, str(e)))
                 continue
-            event = record.event
             if ev.KIND[type(event)] != kind:
                 problems.append(Problem(seq, f"envelope kind {kind} does not match the payload"))
             if before != last_of.get(event.session, 0):

@@ -12,6 +12,16 @@ from eventlog.store import _Request
 from factories import assistant, user
 
 
+def end_commit_in_flight(store) -> None:
+    """What a leader's last step does (``Store._write``): the next caller in line leads."""
+    with store._group:
+        if store._queue:
+            store._queue[0].lead = store._queue[0].woken = True
+            store._queue[0].wake.release()
+        else:
+            store._leading = False
+
+
 def run_grouped(log: EventLog, calls):
     """Start every call in its own thread while a commit is (as if) in flight, so they merge in order."""
     store = log._store
@@ -35,7 +45,7 @@ def run_grouped(log: EventLog, calls):
                 time.sleep(0.001)
             assert len(store._queue) == n, "writer did not queue up"
     finally:
-        store._hand_over()  # the commit in flight ends: hand the lead to the first in line
+        end_commit_in_flight(store)  # the commit in flight ends: hand the lead to the first in line
     for t in threads:
         t.join(10)
     return [results[i] for i in range(len(calls))], store.commits - commits
@@ -250,7 +260,7 @@ def test_a_caller_interrupted_just_as_the_lead_is_handed_to_it_passes_it_on(log,
     deadline = time.monotonic() + 10
     while not store._queue and time.monotonic() < deadline:
         time.sleep(0.001)
-    store._hand_over()  # the commit in flight ends: the lead goes to the waiting caller ...
+    end_commit_in_flight(store)  # the commit in flight ends: the lead goes to the waiting caller ...
     t.join(10)  # ... who was interrupted as it woke
     assert outcome == ["interrupted"]
     assert not store._queue and not store._leading  # the lead was passed on, to nobody
@@ -463,7 +473,7 @@ def test_callers_behind_an_interrupted_leader_return_and_are_told_the_truth(tmp_
                 deadline = time.monotonic() + 10
                 while len(store._queue) == queued and t.is_alive() and time.monotonic() < deadline:
                     time.sleep(0.001)  # until it waits in line (or, interrupted first, has left)
-            store._hand_over()
+            end_commit_in_flight(store)
             for t in threads:
                 t.join(10)
             assert not any(t.is_alive() for t in threads), f"a caller never returned after interrupt point {n}"
