@@ -9,10 +9,16 @@ shuffled order, times
 - ``bare py-lmdb``: a plain LMDB environment in the same folder, opened with the
   matching ``sync``/``metasync`` flags, putting the same 10 messages already
   encoded (canonical msgpack) under (session, position) keys and committing;
+- ``bare py-lmdb + digests``: the same commit after the least a content-addressed
+  log computes for each message: its canonical encoding, its content digest and
+  its node digest (SHA-256), stored beside the body; no validation, no event, no
+  hash chain of events;
 - ``raw fdatasync``: a 700-byte overwrite of one file + ``fdatasync``.
 
 Reported: medians (and p90/p99) and two ratios: to the bare LMDB commit of the
-same mode (the target is <= 1.5x for ``append``) and to the raw fdatasync.
+same mode (the target is <= 1.5x for ``append``) and to the raw fdatasync.  With
+no sync to wait for (``none``), ``bare py-lmdb + digests`` shows how much of that
+1.5x content addressing alone uses up.
 
 Run it::
 
@@ -33,6 +39,7 @@ from benchmarks.harness import now_ns, quiet_gc, run_main, scratch, summary, tab
 from benchmarks.workload import Workload
 
 MODES = ("full", "process", "none")
+WRITES = ("eventlog append", "eventlog flush", "bare py-lmdb", "bare py-lmdb + digests", "raw fdatasync")
 
 
 def run(*, quick: bool = False, scratch_dir: Path | None = None, messages: int | None = None, modes: tuple[str, ...] = MODES) -> dict[str, Any]:
@@ -42,9 +49,12 @@ def run(*, quick: bool = False, scratch_dir: Path | None = None, messages: int |
     workload_turns = list(Workload(salt="commit").session(total))
     for mode in modes:
         with scratch(scratch_dir, f"commit-{mode}-") as root:
-            samples: dict[str, list[int]] = {"eventlog append": [], "eventlog flush": [], "bare py-lmdb": [], "raw fdatasync": []}
+            samples: dict[str, list[int]] = {name: [] for name in WRITES}
             bare = sy.BareLMDBSystem(mode)
             bare.open(root)
+            hashed = sy.BareLMDBSystem(mode)
+            (root / "addressed").mkdir()
+            hashed.open(root / "addressed")
             raw = sy.RawFsyncSystem()
             raw.open(root)
             try:
@@ -53,6 +63,7 @@ def run(*, quick: bool = False, scratch_dir: Path | None = None, messages: int |
                         "eventlog append": lambda msgs, new, bodies: appender.append("s", new),
                         "eventlog flush": lambda msgs, new, bodies: flusher.flush("s", msgs),
                         "bare py-lmdb": lambda msgs, new, bodies: bare.write("s", bodies),
+                        "bare py-lmdb + digests": lambda msgs, new, bodies: hashed.write_addressed("s", new),
                         "raw fdatasync": lambda msgs, new, bodies: raw.turn("s", msgs, new),
                     }
                     names = list(steps)
@@ -66,6 +77,7 @@ def run(*, quick: bool = False, scratch_dir: Path | None = None, messages: int |
                                 samples[name].append(now_ns() - start)
             finally:
                 bare.close()
+                hashed.close()
                 raw.close()
         bare_median = summary(samples["bare py-lmdb"])["median_ms"]
         raw_median = summary(samples["raw fdatasync"])["median_ms"]

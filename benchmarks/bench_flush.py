@@ -6,8 +6,9 @@ What it measures: one session grows by one agent turn (10 messages) at a time up
 trust-identity mode, full and process-crash-safe durability), our ``append``,
 both with and without the SQLite projection attached (and once more waiting for
 its search index: end to end), hermes-agent's ``SessionDB``, ``eventsourcing``,
-the OpenAI Agents SDK ``SQLiteSession``, a plain SQLite baseline and two physical
-floors (a raw ``fdatasync`` and a bare py-lmdb commit).
+the OpenAI Agents SDK ``SQLiteSession``, a plain SQLite baseline and the floors
+(a raw ``fdatasync``, a bare py-lmdb commit, and that commit after one C comparison
+of every held message with a copy: the least that noticing in-place edits costs).
 
 The systems run in lockstep, in a shuffled order each turn, each in its own
 directory of one scratch folder on the repository's disk, so that noise from a
@@ -56,6 +57,8 @@ def all_systems() -> list[sy.System]:
         sy.RawFsyncSystem(),
         sy.BareLMDBSystem("full"),
         sy.BareLMDBSystem("process"),
+        sy.InPlaceCheckFloor("full"),
+        sy.InPlaceCheckFloor("process"),
     ]
 
 

@@ -47,6 +47,11 @@ def _row(result: dict[str, Any], system: str, **match: Any) -> dict[str, Any] | 
     return None
 
 
+OUT_OF_REACH = "missed, out of reach"
+"""The status of a missed target whose floor, measured in the same run, already needs more than
+the target allows."""
+
+
 def _ratio_target(results: dict[str, Any], ours: str, theirs: str, want: float, label: str, floor: str | None = None) -> dict[str, Any]:
     flush = results.get("flush")
     a = _row(flush, ours) if flush else None
@@ -56,10 +61,13 @@ def _ratio_target(results: dict[str, Any], ours: str, theirs: str, want: float, 
     got = b["median_ms"] / a["median_ms"]
     detail = f"{theirs} {fmt(b['median_ms'])} ms / {ours} {fmt(a['median_ms'])} ms (medians)"
     bare = _row(flush, floor) if floor and flush else None
+    status = "met" if got >= want else "missed"
     if got < want and bare:
         needed = b["median_ms"] / want
         detail += f"; the target needs <= {fmt(needed)} ms, {floor} alone takes {fmt(bare['median_ms'])} ms"
-    return {"target": label, "status": "met" if got >= want else "missed", "measured": f"{got:.2f}x", "detail": detail}
+        if bare["median_ms"] > needed:
+            status = OUT_OF_REACH
+    return {"target": label, "status": status, "measured": f"{got:.2f}x", "detail": detail}
 
 
 def targets(results: dict[str, Any]) -> list[dict[str, Any]]:
@@ -68,26 +76,29 @@ def targets(results: dict[str, Any]) -> list[dict[str, Any]]:
     hermes = "hermes SessionDB (one txn per turn)"
     es = "eventsourcing (SQLite)"
     openai = "openai-agents SQLiteSession"
-    bare = "floor: bare py-lmdb put+commit [full]"
-    bare_process = "floor: bare py-lmdb put+commit [process]"
     out = []
     for label, trust in (("", ""), (" (trust mode)", " trust")):
         ours_full = f"eventlog flush{trust} [full] +projection"
         ours_process = f"eventlog flush{trust} [process] +projection"
+        # The least a flush of the mode can cost: a bare commit, after (default mode) the
+        # cheapest look at every held message that an in-place edit cannot slip past.
+        floor = "floor: bare py-lmdb put+commit [{}]" if trust else "floor: in-place check + bare py-lmdb put+commit [{}]"
+        full, process = floor.format("full"), floor.format("process")
         out += [
-            _ratio_target(results, ours_full, hermes, 5, f"flush+projection [full]{label} >= 5x faster than hermes SessionDB"),
-            _ratio_target(results, ours_full, es, 1.5, f"flush+projection [full]{label} >= 1.5x faster than eventsourcing", bare),
-            _ratio_target(results, ours_full, openai, 1.0, f"flush+projection [full]{label} faster than OpenAI SQLiteSession", bare),
-            _ratio_target(results, ours_process, hermes, 8, f"flush+projection [process]{label} >= 8x faster than hermes SessionDB"),
+            _ratio_target(results, ours_full, hermes, 5, f"flush+projection [full]{label} >= 5x faster than hermes SessionDB", full),
+            _ratio_target(results, ours_full, es, 1.5, f"flush+projection [full]{label} >= 1.5x faster than eventsourcing", full),
+            _ratio_target(results, ours_full, openai, 1.0, f"flush+projection [full]{label} faster than OpenAI SQLiteSession", full),
             _ratio_target(
-                results, ours_process, es, 3, f"flush+projection [process]{label} >= 3x faster than eventsourcing", bare_process
+                results, ours_process, hermes, 8, f"flush+projection [process]{label} >= 8x faster than hermes SessionDB", process
             ),
+            _ratio_target(results, ours_process, es, 3, f"flush+projection [process]{label} >= 3x faster than eventsourcing", process),
             _ratio_target(
                 results,
                 f"eventlog flush{trust} [full] +projection+search current",
                 hermes,
                 3,
                 f"end to end{label} (rows and search index current) >= 3x faster than hermes",
+                full,
             ),
         ]
     commit = results.get("commit")
@@ -95,12 +106,19 @@ def targets(results: dict[str, Any]) -> list[dict[str, Any]]:
         for mode in ("full", "process", "none"):
             row = _row(commit, "eventlog append", mode=mode)
             if row:
+                status = "met" if row["x_bare"] <= 1.5 else "missed"
+                detail = f"{fmt(row['median_ms'])} ms median; {row['x_fsync']:.1f}x a raw fdatasync"
+                addressed = _row(commit, "bare py-lmdb + digests", mode=mode)
+                if status == "missed" and addressed:
+                    detail += f"; the bare commit after encoding and hashing the messages alone takes {addressed['x_bare']:.2f}x"
+                    if addressed["x_bare"] > 1.5:
+                        status = OUT_OF_REACH
                 out.append(
                     {
                         "target": f"durable 10-message append [{mode}] within 1.5x of a bare py-lmdb commit",
-                        "status": "met" if row["x_bare"] <= 1.5 else "missed",
+                        "status": status,
                         "measured": f"{row['x_bare']:.2f}x",
-                        "detail": f"{fmt(row['median_ms'])} ms median; {row['x_fsync']:.1f}x a raw fdatasync",
+                        "detail": detail,
                     }
                 )
     reflush = results.get("reflush")
@@ -148,14 +166,22 @@ def targets(results: dict[str, Any]) -> list[dict[str, Any]]:
     conc = results.get("concurrency")
     if conc:
         for trust, label in ((False, ""), (True, " (trust mode)")):
-            row = next((r for r in conc["rows"] if r["kind"] == "threads" and r["writers"] == 8 and r.get("trust", False) == trust), None)
+            threads = [r for r in conc["rows"] if r["kind"] == "threads" and r.get("trust", False) == trust]
+            row = next((r for r in threads if r["writers"] == 8 and r["durability"] == "full"), None)
             if row:
+                status = "met" if row["x_single"] >= 2 else "missed"
+                detail = f"{row['aggregate_msgs_per_s']:,.0f} msgs/s aggregate"
+                bound = next((r for r in threads if r["durability"] == "none"), None)
+                if status == "missed" and bound:
+                    detail += f"; one writer with no sync at all (the GIL's bound) reaches {bound['x_single']:.2f}x"
+                    if bound["x_single"] < 2:
+                        status = OUT_OF_REACH
                 out.append(
                     {
                         "target": f"group commit{label}: 8 threads >= 2x one writer's durable flush rate",
-                        "status": "met" if row["x_single"] >= 2 else "missed",
+                        "status": status,
                         "measured": f"{row['x_single']:.2f}x",
-                        "detail": f"{row['aggregate_msgs_per_s']:,.0f} msgs/s aggregate",
+                        "detail": detail,
                     }
                 )
     return out
@@ -236,7 +262,7 @@ def plots(results: dict[str, Any], out: Path) -> list[str]:
             ("threads", True, "^:", "threads, trust mode"),
             ("processes", False, "s--", "processes"),
         ):
-            rows = [r for r in conc["rows"] if r["kind"] == kind and r.get("trust", False) == trust]
+            rows = [r for r in conc["rows"] if r["kind"] == kind and r.get("trust", False) == trust and r["durability"] == "full"]
             ax.plot([r["writers"] for r in rows], [r["aggregate_msgs_per_s"] for r in rows], marker, label=label)
         ax.set_xlabel("writers (each its own session)")
         ax.set_ylabel("aggregate messages/s (durability full)")
@@ -264,6 +290,12 @@ def report(results: dict[str, Any], pictures: list[str]) -> str:
         "user, assistant with and without tool calls, tool results; 200-2,000 characters; timestamps), "
         "interleaved turn by turn in shuffled order, in one scratch folder on the repository's disk. "
         "Ratios compare medians within this run; absolute figures move with the load on a shared machine.",
+        "",
+        f"A target is **{OUT_OF_REACH}** when a floor measured beside it in this run (named in its detail) "
+        "already takes more than the target allows: a bare LMDB commit in the same durability mode, in the "
+        "default mode that commit after one C comparison of every held message with a copy (the least that "
+        "noticing in-place edits costs), for a bare write the encoding and digests a content-addressed log "
+        "must compute, for threads the rate of one writer that never syncs (they share one GIL).",
         "",
         "## Targets",
         "",
@@ -316,7 +348,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     write_json(args.out / "results.json", results)
     text = report(results, pictures)
     (args.out / "report.md").write_text(text)
-    print("\n" + "\n".join(f"{t['status']:>12}  {t['measured']:>22}  {t['target']}" for t in results["targets"]))
+    print("\n" + "\n".join(f"{t['status']:>20}  {t['measured']:>22}  {t['target']}" for t in results["targets"]))
     print(f"\nwrote {args.out / 'report.md'}, results.json and {len(pictures)} plots", file=sys.stderr)
     return results
 

@@ -17,8 +17,10 @@ and says which durability it gives.  Each writes a turn the way its users do:
   message, one ``Application.save`` per turn, SQLite recorder (WAL);
 - ``openai-agents SQLiteSession``: ``await session.add_items(new)`` per turn;
 - ``plain SQLite``: WAL, ``synchronous=FULL``, one transaction per turn, ``executemany``;
-- floors: a 700-byte overwrite + ``fdatasync`` of one file, and a bare py-lmdb
-  put of the turn's encoded messages + commit.
+- floors: a 700-byte overwrite + ``fdatasync`` of one file, a bare py-lmdb
+  put of the turn's encoded messages + commit, and that commit after the cheapest
+  look at every held message that an in-place edit cannot slip past (what the
+  default mode's check costs at least).
 
 SQLite's compiled default here is ``synchronous=FULL`` (checked in :func:`sqlite_synchronous`),
 so every SQLite peer syncs its WAL at each commit.
@@ -33,6 +35,7 @@ import os
 import sqlite3
 import struct
 from collections.abc import Callable
+from hashlib import sha256
 from pathlib import Path
 from typing import Any
 
@@ -43,6 +46,7 @@ from eventlog import EventLog
 
 Message = dict[str, Any]
 PAIR = struct.Struct(">QQ")
+ZERO = bytes(32)
 
 
 class Skip(Exception):
@@ -413,6 +417,7 @@ class BareLMDBSystem(System):
         self.db = self.env.open_db(b"messages")
         self.lengths: dict[str, int] = {}
         self.numbers: dict[str, int] = {}
+        self.heads: dict[str, bytes] = {}
 
     def turn(self, session_id: str, messages: list[Message], new: list[Message]) -> None:
         self.write(session_id, [self.encode(m) for m in new])
@@ -425,5 +430,50 @@ class BareLMDBSystem(System):
                 txn.put(PAIR.pack(number, start + i), body, append=False)
         self.lengths[session_id] = start + len(bodies)
 
+    def write_addressed(self, session_id: str, messages: list[Message]) -> None:
+        """:meth:`write` of ``messages`` encoded here, each with its content and node digests."""
+        parent = self.heads.get(session_id, ZERO)
+        bodies = []
+        for message in messages:
+            body = self.encode(message)
+            digest = sha256(body).digest()
+            parent = sha256(parent + digest).digest()
+            bodies.append(parent + digest + body)
+        self.write(session_id, bodies)
+        self.heads[session_id] = parent
+
     def close(self) -> None:
         self.env.close()
+
+
+def shared_leaf_copy(value: Any) -> Any:
+    """A copy of ``value``'s dicts and lists that shares its strings and numbers."""
+    if type(value) is dict:
+        return {key: shared_leaf_copy(item) for key, item in value.items()}
+    if type(value) is list:
+        return [shared_leaf_copy(item) for item in value]
+    return value
+
+
+class InPlaceCheckFloor(BareLMDBSystem):
+    """What a snapshot flush that must notice in-place edits costs at least: every held message
+    compared with a copy of it, then a bare py-lmdb commit of the turn.
+
+    The comparison is one C ``==`` of the caller's list with copies that share the caller's
+    strings (no text is read, and numbers compare by value alone: cheaper than an exact check).
+    The copies are made untimed, when a message first arrives.  Any check that an edited dict
+    cannot slip past has to read every held dict once; this reads each once, plus its copy.
+    """
+
+    def __init__(self, durability: str = "full") -> None:
+        super().__init__(durability)
+        self.name = f"floor: in-place check + bare py-lmdb put+commit [{durability}]"
+        self.copies: list[Message] = []
+
+    def prepare(self, session_id: str, messages: list[Message], new: list[Message]) -> None:
+        self.copies.extend(map(shared_leaf_copy, new))
+
+    def turn(self, session_id: str, messages: list[Message], new: list[Message]) -> None:
+        if self.copies != messages:
+            raise AssertionError("a held message changed under the benchmark")
+        super().turn(session_id, messages, new)

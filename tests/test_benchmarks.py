@@ -78,6 +78,7 @@ def test_commit_scenario(tmp_path: Path) -> None:
     result = bench_commit.run(scratch_dir=tmp_path, messages=20)
     _check_rows(result["rows"])
     assert {row["mode"] for row in result["rows"]} == {"full", "process", "none"}
+    assert {row["system"] for row in result["rows"]} == set(bench_commit.WRITES)
     print(bench_commit.render(result))
 
 
@@ -97,8 +98,11 @@ def test_concurrency_scenario(tmp_path: Path) -> None:
     result = bench_concurrency.run(scratch_dir=tmp_path, turns=2, threads=(1, 2), processes=(2,))
     _check_rows(result["rows"])
     assert [row["system"] for row in result["rows"]] == [
-        "1 thread", "2 threads", "2 processes", "1 thread, trust mode", "2 threads, trust mode"
+        "1 thread", "2 threads", "2 processes", "1 thread, trust mode", "2 threads, trust mode",
+        "1 thread, durability none (CPU bound)", "1 thread, trust mode, durability none (CPU bound)",
     ]
+    ratios = {row["system"]: row["x_single"] for row in result["rows"]}
+    assert ratios["1 thread"] == ratios["1 thread, trust mode"] == 1  # each mode's durable writer
     print(bench_concurrency.render(result))
 
 
@@ -117,9 +121,53 @@ def test_runner_writes_report_json_and_plots(tmp_path: Path, monkeypatch: pytest
         monkeypatch.setattr(module, "run", tiny[name])
     out = tmp_path / "out"
     results = runner.main(["--quick", "--out", str(out), "--scratch", str(tmp_path / "scratch")])
-    assert {t["status"] for t in results["targets"]} <= {"met", "missed", "not measured"}
+    assert {t["status"] for t in results["targets"]} <= {"met", "missed", runner.OUT_OF_REACH, "not measured"}
     assert json.loads((out / "results.json").read_text())["machine"]["cores"]
     text = (out / "report.md").read_text()
     assert "## Targets" in text and "Machine:" in text
     if importlib.util.find_spec("matplotlib") is not None:
         assert {p.name for p in out.glob("*.png")} == {"latency.png", "flush_vs_length.png", "reflush.png", "concurrency.png"}
+
+
+def _timed(system: str, median_ms: float, **extra: object) -> dict:
+    return {"system": system, "median_ms": median_ms, **extra}
+
+
+def test_a_missed_target_is_out_of_reach_only_when_its_floor_needs_more_than_the_target_allows() -> None:
+    hermes, es = "hermes SessionDB (one txn per turn)", "eventsourcing (SQLite)"
+    flush = {
+        "rows": [
+            _timed(hermes, 5.0),
+            _timed(es, 1.0),
+            _timed("eventlog flush [full] +projection", 2.0),  # 2.5x hermes, 0.5x eventsourcing
+            _timed("floor: in-place check + bare py-lmdb put+commit [full]", 1.5),  # above both budgets: 5.0/5 and 1.0/1.5
+            _timed("eventlog flush trust [full] +projection", 0.8),  # 6.25x hermes, 1.25x eventsourcing
+            _timed("floor: bare py-lmdb put+commit [full]", 0.5),  # below 1.0/1.5
+        ]
+    }
+    commit = {
+        "rows": [
+            _timed("eventlog append", 0.2, mode="none", x_bare=4.0, x_fsync=1.0),
+            _timed("bare py-lmdb + digests", 0.1, mode="none", x_bare=2.0, x_fsync=0.5),
+            _timed("eventlog append", 0.6, mode="full", x_bare=1.6, x_fsync=4.0),
+            _timed("bare py-lmdb + digests", 0.45, mode="full", x_bare=1.2, x_fsync=3.0),
+        ]
+    }
+    threads = [
+        {"kind": "threads", "writers": 1, "trust": False, "durability": "full", "x_single": 1.0, "aggregate_msgs_per_s": 10.0},
+        {"kind": "threads", "writers": 8, "trust": False, "durability": "full", "x_single": 1.2, "aggregate_msgs_per_s": 12.0},
+        {"kind": "threads", "writers": 1, "trust": False, "durability": "none", "x_single": 1.8, "aggregate_msgs_per_s": 18.0},
+        {"kind": "threads", "writers": 1, "trust": True, "durability": "full", "x_single": 1.0, "aggregate_msgs_per_s": 10.0},
+        {"kind": "threads", "writers": 8, "trust": True, "durability": "full", "x_single": 1.5, "aggregate_msgs_per_s": 15.0},
+        {"kind": "threads", "writers": 1, "trust": True, "durability": "none", "x_single": 3.0, "aggregate_msgs_per_s": 30.0},
+    ]
+    status = {t["target"]: t["status"] for t in runner.targets({"flush": flush, "commit": commit, "concurrency": {"rows": threads}})}
+    out = runner.OUT_OF_REACH
+    assert status["flush+projection [full] >= 5x faster than hermes SessionDB"] == out  # floor 1.5 > 1.0 allowed
+    assert status["flush+projection [full] >= 1.5x faster than eventsourcing"] == out  # 1.5 > 0.67
+    assert status["flush+projection [full] (trust mode) >= 5x faster than hermes SessionDB"] == "met"
+    assert status["flush+projection [full] (trust mode) >= 1.5x faster than eventsourcing"] == "missed"  # 0.5 <= 0.67
+    assert status["durable 10-message append [none] within 1.5x of a bare py-lmdb commit"] == out
+    assert status["durable 10-message append [full] within 1.5x of a bare py-lmdb commit"] == "missed"
+    assert status["group commit: 8 threads >= 2x one writer's durable flush rate"] == out  # bound 1.8x
+    assert status["group commit (trust mode): 8 threads >= 2x one writer's durable flush rate"] == "missed"
