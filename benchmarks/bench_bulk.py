@@ -10,7 +10,9 @@ What it measures:
 - projection rebuild: ``SQLiteProjection(path).rebuild(log)`` of the 100,000
   imported messages (rows, sessions and the FTS5 index), repeated; rows/s.
   Skipped with a message while ``projections`` cannot be imported.  Beside it, its
-  floor: SQLite alone writing the same rows, prebuilt, with the same statements.
+  floor: SQLite alone writing the same rows, prebuilt, with the same statements;
+- the import's floor on this machine: the canonical encoding and the two SHA-256
+  digests of every message, with nothing validated or stored.
 
 Targets: import >= 250k msg/s (durability none), replay >= 500k msg/s,
 rebuild >= 50k rows/s.
@@ -24,6 +26,7 @@ Run it::
 from __future__ import annotations
 
 import os
+from hashlib import sha256
 from pathlib import Path
 from typing import Any
 
@@ -34,6 +37,7 @@ from benchmarks.systems import projection_available
 from benchmarks.workload import Workload
 
 PER_SESSION = 1_000
+ZERO = bytes(32)
 
 
 def run(*, quick: bool = False, scratch_dir: Path | None = None, messages: int | None = None, repeats: int | None = None) -> dict[str, Any]:
@@ -79,6 +83,7 @@ def run(*, quick: bool = False, scratch_dir: Path | None = None, messages: int |
             row.update(summary(samples, count))
             row["unit"] = "msgs/s"
             rows.append(row)
+        rows.append(_import_floor(sessions, repeats, count))
 
         reason = projection_available()
         name = f"projection rebuild of {count:,} messages"
@@ -107,6 +112,27 @@ def run(*, quick: bool = False, scratch_dir: Path | None = None, messages: int |
             rows.append(row)
             rows.append(_sqlite_floor(root, root / "rebuild-0.db", repeats, count))
     return {"scenario": "bulk import, replay, rebuild", "messages": count, "rows": rows, "skipped": skipped}
+
+
+def _import_floor(sessions: list[list[dict[str, Any]]], repeats: int, count: int) -> dict[str, Any]:
+    """What an import costs at least in a content-addressed log, with nothing validated or
+    stored: per message its canonical encoding, its content digest and its node digest."""
+    import msgspec
+
+    encode = msgspec.msgpack.Encoder(order="deterministic").encode
+    samples = []
+    with quiet_gc():
+        for _ in range(repeats):
+            start = now_ns()
+            for messages in sessions:
+                parent = ZERO
+                for message in messages:
+                    parent = sha256(parent + sha256(encode(message)).digest()).digest()
+            samples.append(now_ns() - start)
+    row = {"system": "floor: import's encoding and two digests per message alone", "durability": "-", "messages": count}
+    row.update(summary(samples, count))
+    row["unit"] = "msgs/s"
+    return row
 
 
 def _sqlite_floor(root: Path, rebuilt: Path, repeats: int, count: int) -> dict[str, Any]:
