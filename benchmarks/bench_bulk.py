@@ -142,7 +142,7 @@ def _sqlite_floor(root: Path, rebuilt: Path, repeats: int, count: int) -> dict[s
     import sqlite3
 
     from projections import SQLiteProjection
-    from projections.apply import INDEX_PENDING, INSERT_ROW, ROW_COLUMNS, ROWS_PER_WRITE
+    from projections.apply import INSERT_ROW, ROW_COLUMNS, ROWS_PER_WRITE, index_pending
 
     source = sqlite3.connect(rebuilt)
     prebuilt = source.execute(f"SELECT {', '.join(ROW_COLUMNS)} FROM messages ORDER BY id").fetchall()
@@ -159,7 +159,7 @@ def _sqlite_floor(root: Path, rebuilt: Path, repeats: int, count: int) -> dict[s
             db.execute("BEGIN IMMEDIATE")
             for at in range(0, len(prebuilt), ROWS_PER_WRITE):
                 db.executemany(INSERT_ROW, prebuilt[at : at + ROWS_PER_WRITE])
-                db.execute(INDEX_PENDING, (at,))
+                index_pending(db, at)
             db.execute("COMMIT")
             samples.append(now_ns() - start)
         assert db.execute("SELECT count(*) FROM messages").fetchone()[0] == len(prebuilt)

@@ -622,7 +622,7 @@ def test_a_rebuild_failing_beside_its_index_helper_leaves_the_old_projection(
     before = dump(proj.path)
     _late_helpers(monkeypatch)
     if where == "index":
-        monkeypatch.setattr(apply, "INDEX_PENDING", apply.INDEX_PENDING.replace("tool_text FROM", "no_such_column FROM"))
+        monkeypatch.setattr(apply, "INDEX_ROW", apply.INDEX_ROW.replace("tool_text)", "no_such_column)"))
         with pytest.raises(ProjectionError, match="no_such_column"):
             proj.rebuild(log, exclusive=exclusive)
     else:  # the rows of the last event cannot be derived, while the previous event's are indexed
@@ -962,6 +962,30 @@ def test_search_index_trails_by_at_most_search_lag(tmp_path: Path, log: EventLog
     proj.catch_up(log)
     proj.close()  # close() indexes what waits
     assert raw_hits() == 7
+
+
+@pytest.mark.parametrize("chunk", [1, 2, 3, 5000])
+def test_waiting_rows_are_indexed_in_chunks_past_tombstoned_ones(
+    tmp_path: Path, log: EventLog, monkeypatch: pytest.MonkeyPatch, chunk: int
+) -> None:
+    from projections import apply
+
+    monkeypatch.setattr(apply, "INDEX_CHUNK", chunk)
+    proj = SQLiteProjection(tmp_path / "p.db", search_lag=100)
+    words = ["apple", "banana", "cherry", "damson", "elder", "fig", "grape"]
+    msgs = [user(w) for w in words]
+    log.flush("s", msgs)
+    log.rewind("s", to=2)  # cherry .. grape tombstoned before the index saw them
+    log.flush("s", [*msgs[:2], user("lime"), user("mango")])
+    log.flush("t", [user("nectarine")])
+    proj.catch_up(log)
+    assert proj.sync_search() == 10  # rows above the index's mark, tombstoned ones included
+    db = sqlite3.connect(proj.path)
+    db.execute("CREATE VIRTUAL TABLE temp.v USING fts5vocab(main, messages_fts, row)")
+    assert sorted(t for (t,) in db.execute("SELECT term FROM temp.v")) == ["apple", "banana", "lime", "mango", "nectarine"]
+    assert proj.sync_search() == 0
+    _index_is_sound(proj)
+    proj.close()
 
 
 def test_tombstone_of_the_last_indexed_row_leaves_the_index(tmp_path: Path, log: EventLog, proj: SQLiteProjection) -> None:
