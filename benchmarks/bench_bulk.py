@@ -138,7 +138,10 @@ def _import_floor(sessions: list[list[dict[str, Any]]], repeats: int, count: int
 def _sqlite_floor(root: Path, rebuilt: Path, repeats: int, count: int) -> dict[str, Any]:
     """SQLite alone writing the rows a rebuild wrote, prebuilt: the same schema, settings,
     statements and bulks (rows, then their FTS5 index), in one transaction in rollback-journal
-    mode, as a rebuild with the file to itself.  No Python derivation and no reading of the log."""
+    mode, as a rebuild with the file to itself.  No Python derivation and no reading of the log,
+    so each bulk is indexed the way that is fastest with nothing running beside it (rows read,
+    then one ``INSERT ... VALUES`` each; the rebuild runs one ``INSERT ... SELECT`` on a helper
+    thread, beside its derivation of the next bulk)."""
     import sqlite3
 
     from projections import SQLiteProjection

@@ -104,15 +104,16 @@ UNINDEX_SUFFIX: Final = (
     "SELECT 'delete', id, content, tool_text FROM messages "
     "WHERE session_id = ? AND tombstone_seq IS NULL AND position >= ? AND id <= ?"
 )
+INDEX_PENDING: Final = (
+    "INSERT INTO messages_fts (rowid, content, tool_text) "
+    "SELECT id, content, tool_text FROM messages WHERE id > ? AND tombstone_seq IS NULL ORDER BY id"
+)
 PENDING_TEXT: Final = (
     "SELECT id, content, tool_text FROM messages WHERE id > ? AND tombstone_seq IS NULL ORDER BY id LIMIT ?"
 )
 INDEX_ROW: Final = "INSERT INTO messages_fts (rowid, content, tool_text) VALUES (?, ?, ?)"
-# Rows are read first and handed to FTS5 one INSERT ... VALUES each (executemany): measured
-# about twice as fast for a turn's ten rows, and a quarter faster for a bulk, as one
-# INSERT INTO messages_fts ... SELECT over the same rows.
 INDEX_CHUNK: Final = 5000
-"""Rows read for the search index at a time."""
+"""Rows read for the search index at a time, in the caller's thread (see :func:`index_pending`)."""
 UPDATE_DERIVED: Final = f"UPDATE messages SET {', '.join(f'{c} = ?' for c in DERIVED)} WHERE id = ?"
 
 ROWS_PER_WRITE: Final = 5000
@@ -123,9 +124,9 @@ class Connection:
     """The applier's connection: statements run one at a time, in order, and
     :meth:`later` runs one on a helper thread while the caller goes on.
 
-    A rebuild indexes one bulk of rows for search (one ``executemany``, which SQLite
-    runs without the GIL but for binding each row) while it derives the next bulk in
-    Python; every other statement first waits for the helper, and so does :meth:`settle`.
+    A rebuild indexes one bulk of rows for search (a single long statement, run by
+    SQLite without the GIL) while it derives the next bulk in Python; every other
+    statement first waits for the helper, and so does :meth:`settle`.
     """
 
     def __init__(self, db: sqlite3.Connection) -> None:
@@ -141,13 +142,12 @@ class Connection:
         self.wait()
         return self.db.executemany(sql, rows)
 
-    def later(self, sql: str, rows: list[Any]) -> None:
-        """Run ``executemany(sql, rows)`` on the helper thread."""
+    def later(self, sql: str, params: Any = ()) -> None:
         self.wait()
 
         def run() -> None:
             try:
-                self.db.executemany(sql, rows)
+                self.db.execute(sql, params)
             except BaseException as e:  # handed to the caller by wait()
                 self._error = e
 
@@ -432,19 +432,27 @@ class Applier:
             self.indexed_upto = index_pending(self.db, self.indexed_upto, self.db.later if self.background else None)
 
 
-def index_pending(db: sqlite3.Connection | Connection, indexed_upto: int, run: Callable[[str, list[Any]], object] | None = None) -> int:
+def index_pending(db: sqlite3.Connection | Connection, indexed_upto: int, run: Callable[[str, Any], object] | None = None) -> int:
     """Add the live rows above ``indexed_upto`` to the search index; return the new mark.
 
-    Runs inside the caller's transaction, which also records the returned mark; ``run``
-    executes the indexing statement for each chunk of rows (``db.executemany`` by default).
+    Runs inside the caller's transaction, which also records the returned mark.  Given
+    ``run`` (a helper thread's executor), the rows are indexed by one ``INSERT ... SELECT``
+    that SQLite runs without the GIL, beside the caller's Python.  Without it they are read
+    in chunks and handed to FTS5 one ``INSERT ... VALUES`` each: measured twice as fast for
+    a turn's ten rows as the single statement, and a quarter faster for a bulk, but it binds
+    each row under the GIL.
     """
     top = db.execute("SELECT max(id) FROM messages").fetchone()[0] or 0
+    if run is not None:
+        if top > indexed_upto:
+            run(INDEX_PENDING, (indexed_upto,))
+        return max(top, indexed_upto)
     after = indexed_upto
     while after < top:
         rows = db.execute(PENDING_TEXT, (after, INDEX_CHUNK)).fetchall()
         if not rows:
             break
-        (run or db.executemany)(INDEX_ROW, rows)
+        db.executemany(INDEX_ROW, rows)
         if len(rows) < INDEX_CHUNK:
             break
         after = rows[-1][0]

@@ -622,7 +622,7 @@ def test_a_rebuild_failing_beside_its_index_helper_leaves_the_old_projection(
     before = dump(proj.path)
     _late_helpers(monkeypatch)
     if where == "index":
-        monkeypatch.setattr(apply, "INDEX_ROW", apply.INDEX_ROW.replace("tool_text)", "no_such_column)"))
+        monkeypatch.setattr(apply, "INDEX_PENDING", apply.INDEX_PENDING.replace("tool_text FROM", "no_such_column FROM"))
         with pytest.raises(ProjectionError, match="no_such_column"):
             proj.rebuild(log, exclusive=exclusive)
     else:  # the rows of the last event cannot be derived, while the previous event's are indexed
