@@ -7,8 +7,9 @@ trust-identity mode, full and process-crash-safe durability), our ``append``,
 both with and without the SQLite projection attached (and once more waiting for
 its search index: end to end), hermes-agent's ``SessionDB``, ``eventsourcing``,
 the OpenAI Agents SDK ``SQLiteSession``, a plain SQLite baseline and the floors
-(a raw ``fdatasync``, a bare py-lmdb commit, and that commit after one C comparison
-of every held message with a copy: the least that noticing in-place edits costs).
+(a raw ``fdatasync``; a bare py-lmdb commit; that commit with each message's content
+and node digests; and that after one C comparison of every held message with a copy,
+the least that noticing in-place edits costs).
 
 The systems run in lockstep, in a shuffled order each turn, each in its own
 directory of one scratch folder on the repository's disk, so that noise from a
@@ -57,6 +58,8 @@ def all_systems() -> list[sy.System]:
         sy.RawFsyncSystem(),
         sy.BareLMDBSystem("full"),
         sy.BareLMDBSystem("process"),
+        sy.BareLMDBSystem("full", addressed=True),
+        sy.BareLMDBSystem("process", addressed=True),
         sy.InPlaceCheckFloor("full"),
         sy.InPlaceCheckFloor("process"),
     ]

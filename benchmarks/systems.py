@@ -17,10 +17,11 @@ and says which durability it gives.  Each writes a turn the way its users do:
   message, one ``Application.save`` per turn, SQLite recorder (WAL);
 - ``openai-agents SQLiteSession``: ``await session.add_items(new)`` per turn;
 - ``plain SQLite``: WAL, ``synchronous=FULL``, one transaction per turn, ``executemany``;
-- floors: a 700-byte overwrite + ``fdatasync`` of one file, a bare py-lmdb
-  put of the turn's encoded messages + commit, and that commit after the cheapest
-  look at every held message that an in-place edit cannot slip past (what the
-  default mode's check costs at least).
+- floors: a 700-byte overwrite + ``fdatasync`` of one file; a bare py-lmdb
+  put of the turn's encoded messages + commit; the same with each message's
+  content and node digests (the least a content-addressed log computes); and that,
+  after the cheapest look at every held message that an in-place edit cannot slip
+  past (what the default mode's check costs at least).
 
 SQLite's compiled default here is ``synchronous=FULL`` (checked in :func:`sqlite_synchronous`),
 so every SQLite peer syncs its WAL at each commit.
@@ -401,13 +402,19 @@ LMDB_FLAGS = {"full": (True, True), "process": (True, False), "none": (False, Fa
 
 
 class BareLMDBSystem(System):
-    """A bare py-lmdb environment: the turn's messages, canonically encoded, put under (session, position) and committed."""
+    """A bare py-lmdb environment: the turn's messages, canonically encoded, put under (session, position) and committed.
+
+    ``addressed``: each message is stored with its content and node digests, computed in the
+    turn: the least a content-addressed log does before its commit.
+    """
 
     kind = "floor"
 
-    def __init__(self, durability: str = "full") -> None:
+    def __init__(self, durability: str = "full", *, addressed: bool = False) -> None:
         self.mode = durability
-        self.name = f"floor: bare py-lmdb put+commit [{durability}]"
+        self.addressed = addressed
+        what = "content-addressed py-lmdb" if addressed else "bare py-lmdb"
+        self.name = f"floor: {what} put+commit [{durability}]"
         self.durability = DURABILITY_TEXT[durability]
         self.encode: Callable[[Any], bytes] = msgspec.msgpack.Encoder(order="deterministic").encode
 
@@ -420,7 +427,10 @@ class BareLMDBSystem(System):
         self.heads: dict[str, bytes] = {}
 
     def turn(self, session_id: str, messages: list[Message], new: list[Message]) -> None:
-        self.write(session_id, [self.encode(m) for m in new])
+        if self.addressed:
+            self.write_addressed(session_id, new)
+        else:
+            self.write(session_id, [self.encode(m) for m in new])
 
     def write(self, session_id: str, bodies: list[bytes]) -> None:
         number = self.numbers.setdefault(session_id, len(self.numbers))
@@ -457,7 +467,7 @@ def shared_leaf_copy(value: Any) -> Any:
 
 class InPlaceCheckFloor(BareLMDBSystem):
     """What a snapshot flush that must notice in-place edits costs at least: every held message
-    compared with a copy of it, then a bare py-lmdb commit of the turn.
+    compared with a copy of it, then a content-addressed commit of the turn (as ``addressed``).
 
     The comparison is one C ``==`` of the caller's list with copies that share the caller's
     strings (no text is read, and numbers compare by value alone: cheaper than an exact check).
@@ -466,8 +476,8 @@ class InPlaceCheckFloor(BareLMDBSystem):
     """
 
     def __init__(self, durability: str = "full") -> None:
-        super().__init__(durability)
-        self.name = f"floor: in-place check + bare py-lmdb put+commit [{durability}]"
+        super().__init__(durability, addressed=True)
+        self.name = f"floor: in-place check + content-addressed put+commit [{durability}]"
         self.copies: list[Message] = []
 
     def prepare(self, session_id: str, messages: list[Message], new: list[Message]) -> None:

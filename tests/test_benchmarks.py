@@ -141,9 +141,9 @@ def test_a_missed_target_is_out_of_reach_only_when_its_floor_needs_more_than_the
             _timed(hermes, 5.0),
             _timed(es, 1.0),
             _timed("eventlog flush [full] +projection", 2.0),  # 2.5x hermes, 0.5x eventsourcing
-            _timed("floor: in-place check + bare py-lmdb put+commit [full]", 1.5),  # above both budgets: 5.0/5 and 1.0/1.5
+            _timed("floor: in-place check + content-addressed put+commit [full]", 1.5),  # above both budgets: 5.0/5 and 1.0/1.5
             _timed("eventlog flush trust [full] +projection", 0.8),  # 6.25x hermes, 1.25x eventsourcing
-            _timed("floor: bare py-lmdb put+commit [full]", 0.5),  # below 1.0/1.5
+            _timed("floor: content-addressed py-lmdb put+commit [full]", 0.5),  # below 1.0/1.5
         ]
     }
     commit = {
