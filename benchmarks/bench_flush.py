@@ -8,8 +8,9 @@ both with and without the SQLite projection attached (and once more waiting for
 its search index: end to end), hermes-agent's ``SessionDB``, ``eventsourcing``,
 the OpenAI Agents SDK ``SQLiteSession``, a plain SQLite baseline and the floors
 (a raw ``fdatasync``; a bare py-lmdb commit; that commit with each message's content
-and node digests; and that after one C comparison of every held message with a copy,
-the least that noticing in-place edits costs).
+and node digests; that after one C comparison of every held message with a copy,
+the least that noticing in-place edits costs; and either of the last two followed by
+SQLite alone writing and indexing the turn's prebuilt rows: the end-to-end floors).
 
 The systems run in lockstep, in a shuffled order each turn, each in its own
 directory of one scratch folder on the repository's disk, so that noise from a
@@ -62,6 +63,8 @@ def all_systems() -> list[sy.System]:
         sy.BareLMDBSystem("process", addressed=True),
         sy.InPlaceCheckFloor("full"),
         sy.InPlaceCheckFloor("process"),
+        sy.TranscriptFloor("full", check=False),
+        sy.TranscriptFloor("full", check=True),
     ]
 
 

@@ -487,3 +487,57 @@ class InPlaceCheckFloor(BareLMDBSystem):
         if self.copies != messages:
             raise AssertionError("a held message changed under the benchmark")
         super().turn(session_id, messages, new)
+
+
+class TranscriptFloor(BareLMDBSystem):
+    """The least a turn costs until its transcript rows and their search index are current too:
+    the commit of :class:`BareLMDBSystem` (``addressed``, after the in-place check of
+    :class:`InPlaceCheckFloor` with ``check``), then SQLite alone writing the turn's rows,
+    derived untimed beforehand, into the projection's own schema with its settings and
+    statements, and indexing them for search, in one transaction."""
+
+    def __init__(self, durability: str = "full", *, check: bool) -> None:
+        super().__init__(durability, addressed=True)
+        self.check = InPlaceCheckFloor(durability) if check else None
+        looked = "in-place check + " if check else ""
+        self.name = f"floor: {looked}content-addressed put+commit + SQLite rows and FTS5 [{durability}]"
+        self.durability += ", projection: SQLite WAL synchronous=NORMAL"
+
+    def open(self, directory: Path) -> None:
+        reason = projection_available()
+        if reason:
+            raise Skip(reason)
+        from projections import SQLiteProjection
+        from projections.apply import INSERT_ROW, index_pending
+        from projections.rows import derive
+
+        super().open(directory)
+        self.projection = SQLiteProjection(directory / "transcript.db")  # the projection's schema and settings
+        self.insert, self.index, self.derive = INSERT_ROW, index_pending, derive
+        self.rows: list[tuple[Any, ...]] = []
+        self.indexed = 0
+        self.seq = 0
+
+    def prepare(self, session_id: str, messages: list[Message], new: list[Message]) -> None:
+        if self.check is not None:
+            self.check.prepare(session_id, messages, new)
+        self.seq += 1
+        start = len(messages) - len(new)
+        self.rows = [
+            (session_id, start + i, self.seq, i, ZERO, ZERO, self.seq, i, 0, self.seq, *self.derive(m, None))
+            for i, m in enumerate(new)
+        ]
+
+    def turn(self, session_id: str, messages: list[Message], new: list[Message]) -> None:
+        if self.check is not None and self.check.copies != messages:
+            raise AssertionError("a held message changed under the benchmark")
+        super().turn(session_id, messages, new)
+        db = self.projection._db
+        db.execute("BEGIN IMMEDIATE")
+        db.executemany(self.insert, self.rows)
+        self.indexed = self.index(db, self.indexed)
+        db.execute("COMMIT")
+
+    def close(self) -> None:
+        super().close()
+        self.projection.close()
