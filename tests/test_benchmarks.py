@@ -184,3 +184,34 @@ def test_a_missed_target_is_out_of_reach_only_when_its_floor_needs_more_than_the
     assert status["durable 10-message append [full] within 1.5x of a bare py-lmdb commit"] == "missed"
     assert status["group commit: 8 threads >= 2x one writer's durable flush rate"] == out  # bound 1.8x
     assert status["group commit (trust mode): 8 threads >= 2x one writer's durable flush rate"] == "missed"
+
+
+def test_the_floors_do_the_work_they_stand_for(tmp_path: Path) -> None:
+    from benchmarks import systems
+
+    floors = [systems.InPlaceCheckFloor("none")]
+    if systems.projection_available() is None:
+        floors.append(systems.TranscriptFloor("none", check=True))
+    for i, floor in enumerate(floors):
+        (tmp_path / str(i)).mkdir()
+        floor.open(tmp_path / str(i))
+        try:
+            held: list[dict] = []
+            for messages, new in Workload(salt="floor").session(30):
+                held[:] = messages
+                floor.prepare("s", held, new)
+                floor.turn("s", held, new)
+            with floor.env.begin() as txn:  # every message stored, with its two digests
+                assert txn.stat(floor.db)["entries"] == 30
+                body = txn.get(systems.PAIR.pack(0, 29), db=floor.db)
+            assert body[64:] == floor.encode(held[29])
+            if isinstance(floor, systems.TranscriptFloor):
+                db = floor.projection._db
+                assert db.execute("SELECT count(*) FROM messages").fetchone()[0] == 30
+                word = held[0]["content"].split()[0]
+                assert db.execute("SELECT count(*) FROM messages_fts WHERE messages_fts MATCH ?", (f'"{word}"',)).fetchone()[0] >= 1
+            held[3]["content"] = "edited in place"  # the check must notice
+            with pytest.raises(AssertionError, match="changed"):
+                floor.turn("s", held, [])
+        finally:
+            floor.close()
