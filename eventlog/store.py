@@ -249,6 +249,7 @@ class Store:
         self._group = threading.Lock()  # guards the queue and the leader flag
         self._queue: list[_Request] = []
         self._leading = False  # a thread is committing a group
+        self._holder: _Request | None = None  # the request whose caller leads, while one does
         self._last_group = 0  # how many writes the last commit carried
         self.max_group = 64
         self.commits = 0  # write transactions committed by this process
@@ -455,13 +456,15 @@ class Store:
             with self._group:
                 self._queue.append(request)
                 if not self._leading:
-                    request.lead = True  # first: an interrupt between the two leaves a lead to pass on
+                    request.lead = True  # first: an interrupt between these leaves a lead to pass on
+                    self._holder = request
                     self._leading = True
             if not request.lead:
                 # Woken once: a commit held this write, or the lead was handed to it.  Polled, in
-                # case an interrupt of the leader skipped the release after marking it done.
+                # case an interrupt of the leader skipped the release after marking it done, or
+                # left the lead with a caller that is gone (see _take_lead_left_behind).
                 while not request.wake.acquire(timeout=WAKE_POLL) and not (request.done or request.lead):
-                    pass
+                    self._take_lead_left_behind(request)
                 if not request.done and not request.lead:
                     # The leader was interrupted before it could say what became of this write.
                     raise _not_written(self.path, KeyboardInterrupt())
@@ -500,15 +503,37 @@ class Store:
                     if following is request:
                         following = queue[1] if queue[1:] else None
                     if following is None:
+                        self._holder = None
                         self._leading = False
                     else:
                         following.lead = following.woken = True
+                        self._holder = following
                         following.wake.release()
                 if request in self._queue:  # an interrupt after the release leaves it queued, abandoned: never run
                     self._queue.remove(request)
         if request.error is not None:
             raise request.error
         return request.result
+
+    def _take_lead_left_behind(self, request: _Request) -> None:
+        """Take the lead for ``request`` (a waiting caller) if the request holding it is done or
+        abandoned: its caller has left, or is leaving without committing again.
+
+        A caller leaving a write passes the lead on in its ``finally``; a second interrupt can
+        cut that short, or the lead can go to a queued request whose caller an interrupt took
+        away before it could leave the queue.  Either way no thread would lead again and every
+        waiter would wait for ever; the first waiter to look (every :data:`WAKE_POLL` seconds)
+        leads instead.  A caller that is still passing the lead on finds it taken and leaves.
+        """
+        with self._group:
+            holder = self._holder
+            if holder is None or holder is request or not (holder.done or holder.abandoned):
+                return
+            if request.done or request.lead:
+                return
+            holder.lead = False
+            request.lead = request.woken = True
+            self._holder = request
 
     def _commit_group(self, group: list[_Request]) -> None:
         """Run every request of ``group`` in one write transaction and commit once."""

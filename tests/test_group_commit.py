@@ -195,16 +195,21 @@ def _start_interrupted_flush(log: EventLog, monkeypatch, wake) -> tuple[threadin
 
     monkeypatch.setattr(_Request, "__init__", init)
     outcome: list = []
+    return _start_until_interrupted("interrupted", lambda: log.flush("gone", [user("never")]), outcome), outcome
 
-    def interrupted():
+
+def _start_until_interrupted(name: str, call, outcome: list) -> threading.Thread:
+    """Start ``call()`` in a thread named ``name``; a KeyboardInterrupt it raises adds "interrupted" to ``outcome``."""
+
+    def run():
         try:
-            log.flush("gone", [user("never")])
+            call()
         except KeyboardInterrupt:
             outcome.append("interrupted")
 
-    t = threading.Thread(target=interrupted, name="interrupted")
+    t = threading.Thread(target=run, name=name)
     t.start()
-    return t, outcome
+    return t
 
 
 def test_a_caller_interrupted_while_waiting_leaves_the_queue_working(log, monkeypatch):
@@ -540,3 +545,100 @@ def test_a_write_from_inside_a_write_on_the_same_thread_is_refused_at_once(log):
     assert seen and "inside another write" in seen[0] and "finally" in seen[0]
     assert "handler" not in log.sessions()
     assert log.flush("handler", [user("later")]).appended == 1  # and the thread writes again afterwards
+
+
+def _hold_commits_of(thread: str, store, monkeypatch) -> tuple[threading.Event, threading.Event]:
+    """Make the commits led by the thread named ``thread`` wait, once their transaction is
+    open, until the second event is set; the first is set when one starts waiting."""
+    committing, proceed = threading.Event(), threading.Event()
+    run_group = store._run_group
+
+    def slow_run_group(txn, group):
+        if threading.current_thread().name == thread:
+            committing.set()
+            proceed.wait(10)
+        return run_group(txn, group)
+
+    monkeypatch.setattr(store, "_run_group", slow_run_group)
+    return committing, proceed
+
+
+def test_a_leader_interrupted_as_it_hands_over_never_leaves_the_lead_to_nobody(log, monkeypatch):
+    """A commits its own write while B waits; Ctrl-C lands in A's ``finally`` as it looks for
+    the caller to hand the lead to.  B, polling, leads in its place."""
+    store = log._store
+    committing, proceed = _hold_commits_of("A", store, monkeypatch)
+
+    class Queue(list):
+        def __getitem__(self, key):
+            if key == 0 and threading.current_thread().name == "A":
+                raise KeyboardInterrupt  # the hand-over: `following = queue[0]`
+            return super().__getitem__(key)
+
+    store._queue = Queue()
+    outcome: list[str] = []
+    ta = _start_until_interrupted("A", lambda: log.append("a", [user("first")]), outcome)
+    assert committing.wait(10)
+    tb = threading.Thread(target=log.append, args=("b", [user("second")]), name="B")
+    tb.start()
+    while not store._queue:
+        time.sleep(0.001)  # B is in line
+    proceed.set()
+    ta.join(10)
+    assert outcome == ["interrupted"] and store._leading  # A's write is stored, the lead left with it
+    tb.join(10)
+    assert not tb.is_alive(), "B waits for a lead nobody holds"
+    assert (log.messages("a"), log.messages("b")) == ([user("first")], [user("second")])
+    assert not store._queue and not store._leading and store._holder is None
+
+
+def test_a_caller_interrupted_twice_while_waiting_never_leaves_the_lead_to_nobody(log, monkeypatch):
+    """B waits behind A's commit; a first Ctrl-C takes B away from its wait, a second one
+    lands as B leaves the queue.  A then hands the lead to B's request, which nobody waits
+    for: C, writing next, must still be stored (B's write never is)."""
+    store = log._store
+    committing, proceed = _hold_commits_of("A", store, monkeypatch)
+    outcome: list[str] = []
+
+    class Interrupted:  # B's wake: Ctrl-C arrives while B waits
+        def acquire(self, blocking=True, timeout=-1):
+            outcome.append("waiting")
+            raise KeyboardInterrupt
+
+        def release(self):
+            outcome.append("handed the lead")
+
+    class Queue(list):  # the second Ctrl-C arrives as B leaves the queue
+        def remove(self, item):
+            if threading.current_thread().name == "B":
+                outcome.append("leaving")
+                raise KeyboardInterrupt
+            super().remove(item)
+
+    store._queue = Queue()
+    b_request: list[_Request] = []
+    real_init = _Request.__init__
+
+    def init(self, body):
+        real_init(self, body)
+        if threading.current_thread().name == "B":
+            self.wake = Interrupted()
+            b_request.append(self)
+
+    monkeypatch.setattr(_Request, "__init__", init)
+
+    a = threading.Thread(target=log.append, args=("a", [user("first")]), name="A")
+    a.start()
+    assert committing.wait(10)
+    _start_until_interrupted("B", lambda: log.append("b", [user("never")]), outcome).join(10)
+    assert outcome == ["waiting", "leaving", "interrupted"]
+    assert b_request[0] in store._queue and b_request[0].abandoned  # left behind by the second interrupt
+    proceed.set()
+    a.join(10)
+    assert not a.is_alive()
+    assert outcome[-1] == "handed the lead"  # to a request nobody waits for
+    assert _within(10, lambda: log.append("c", [user("next")])), "a write after the two interrupts hangs"
+    assert (log.messages("a"), log.messages("c")) == ([user("first")], [user("next")])
+    with pytest.raises(EventLogError, match="no session 'b'"):
+        log.messages("b")
+    assert not store._queue and not store._leading
