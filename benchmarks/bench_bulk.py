@@ -26,18 +26,17 @@ Run it::
 from __future__ import annotations
 
 import os
-from hashlib import sha256
 from pathlib import Path
 from typing import Any
 
 from eventlog import EventLog
 
+from benchmarks.bench_reflush import rehash_all
 from benchmarks.harness import now_ns, quiet_gc, run_main, scratch, summary, table
 from benchmarks.systems import projection_available
 from benchmarks.workload import Workload
 
 PER_SESSION = 1_000
-ZERO = bytes(32)
 
 
 def run(*, quick: bool = False, scratch_dir: Path | None = None, messages: int | None = None, repeats: int | None = None) -> dict[str, Any]:
@@ -116,18 +115,14 @@ def run(*, quick: bool = False, scratch_dir: Path | None = None, messages: int |
 
 def _import_floor(sessions: list[list[dict[str, Any]]], repeats: int, count: int) -> dict[str, Any]:
     """What an import costs at least in a content-addressed log, with nothing validated or
-    stored: per message its canonical encoding, its content digest and its node digest."""
-    import msgspec
-
-    encode = msgspec.msgpack.Encoder(order="deterministic").encode
+    stored: per message its canonical encoding, its content digest and its node digest
+    (:func:`~benchmarks.bench_reflush.rehash_all`)."""
     samples = []
     with quiet_gc():
         for _ in range(repeats):
             start = now_ns()
             for messages in sessions:
-                parent = ZERO
-                for message in messages:
-                    parent = sha256(parent + sha256(encode(message)).digest()).digest()
+                rehash_all(messages)
             samples.append(now_ns() - start)
     row = {"system": "floor: import's encoding and two digests per message alone", "durability": "-", "messages": count}
     row.update(summary(samples, count))
