@@ -527,9 +527,7 @@ class Store:
         """
         with self._group:
             holder = self._holder
-            if holder is None or holder is request or not (holder.done or holder.abandoned):
-                return
-            if request.done or request.lead:
+            if holder is None or holder is request or not (holder.done or holder.abandoned) or request.done or request.lead:
                 return
             holder.lead = False
             request.lead = request.woken = True

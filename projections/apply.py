@@ -450,8 +450,6 @@ def index_pending(db: sqlite3.Connection | Connection, indexed_upto: int, run: C
     after = indexed_upto
     while after < top:
         rows = db.execute(PENDING_TEXT, (after, INDEX_CHUNK)).fetchall()
-        if not rows:
-            break
         db.executemany(INDEX_ROW, rows)
         if len(rows) < INDEX_CHUNK:
             break

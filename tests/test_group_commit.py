@@ -581,7 +581,8 @@ def test_a_leader_interrupted_as_it_hands_over_never_leaves_the_lead_to_nobody(l
     assert committing.wait(10)
     tb = threading.Thread(target=log.append, args=("b", [user("second")]), name="B")
     tb.start()
-    while not store._queue:
+    deadline = time.monotonic() + 10
+    while not store._queue and time.monotonic() < deadline:
         time.sleep(0.001)  # B is in line
     proceed.set()
     ta.join(10)
