@@ -15,6 +15,8 @@ package is importable, a projector process catches a SQLite projection up in a
 loop and is killed as well.
 
 The parent SIGKILLs a random writer (or the projector) after a random delay,
+counted for most kills from the victim's first report (it has opened the log) and
+for the rest from its start (it may still be importing or opening), then
 drains the acknowledgements the dead process sent, and restarts it; a restarted
 writer reads its sessions back from the log (``messages()``) and goes on, as a
 resumed agent would.  After the kills every writer runs a last short, clean round
@@ -63,6 +65,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 MODES = ("full", "process", "none")
 REWIND_ABOVE = 120
+# The share of kills whose delay counts from the victim's start, so they can land while it
+# imports and opens the log; the others count from its first line, so that however slowly a
+# machine starts Python, most kills land while the victim is writing.
+AT_START = 0.2
 """Sessions longer than this are rewound, so flushes stay cheap on long runs."""
 
 
@@ -181,6 +187,7 @@ class Result:
     durability: str
     kills: int = 0
     writer_kills: int = 0
+    mid_write_kills: int = 0  # writer kills that came after the victim had acknowledged a write
     projector_kills: int = 0
     incarnations: int = 0
     acks: int = 0
@@ -215,6 +222,12 @@ class _Proc:
         for raw in self.popen.stdout:
             if raw.endswith(b"\n"):
                 self.lines.append(json.loads(raw))
+
+    def wait_started(self, timeout: float = 30.0) -> None:
+        """Until the process has sent its first line (opened the log), exited or ``timeout`` passed."""
+        deadline = time.monotonic() + timeout
+        while not self.lines and self.popen.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.002)
 
     def kill(self) -> None:
         try:
@@ -366,8 +379,12 @@ def run(
     procs: dict[int, _Proc] = {w: start_writer(w) for w in range(writers)}
     projector = start_projector() if projection else None
     for i in range(kills):
-        time.sleep(rng.uniform(0, max_delay))
         victim = rng.randrange(writers + (1 if projector else 0))
+        target = projector if victim == writers else procs[victim]
+        assert target is not None
+        if rng.random() >= AT_START:
+            target.wait_started()
+        time.sleep(rng.uniform(0, max_delay))
         if victim == writers:
             assert projector is not None
             projector.kill()
@@ -380,6 +397,7 @@ def run(
             proc = procs[victim]
             proc.kill()
             absorb(victim, proc)
+            result.mid_write_kills += any(line["t"] == "ack" for line in proc.lines)
             code = proc.popen.returncode
             if code != -signal.SIGKILL:
                 # Keep going (a writer that failed is restarted like a killed one) so one
@@ -548,10 +566,10 @@ def main(argv: list[str] | None = None) -> int:
             seed=seed, max_delay=args.max_delay, projection=False if args.no_projection else None, progress=True,
         )
         results.append(outcome)
-    print(f"{'mode':8} {'kills':>6} {'writer':>7} {'proj.':>6} {'acks':>7} {'retries':>7} {'msgs acked':>10} {'live checked':>12} {'events':>8} {'secs':>7}  result")
+    print(f"{'mode':8} {'kills':>6} {'writer':>7} {'mid-w':>6} {'proj.':>6} {'acks':>7} {'retries':>7} {'msgs acked':>10} {'live checked':>12} {'events':>8} {'secs':>7}  result")
     for r in results:
         verdict = "OK" if r.ok else "FAILED: " + "; ".join(r.problems[:5])
-        print(f"{r.durability:8} {r.kills:6} {r.writer_kills:7} {r.projector_kills:6} {r.acks:7} {r.retries:7} {r.messages_acked:10} {r.messages_checked:12} {r.events:8} {r.seconds:7.1f}  {verdict}")
+        print(f"{r.durability:8} {r.kills:6} {r.writer_kills:7} {r.mid_write_kills:6} {r.projector_kills:6} {r.acks:7} {r.retries:7} {r.messages_acked:10} {r.messages_checked:12} {r.events:8} {r.seconds:7.1f}  {verdict}")
         print(f"{'':8} projection: {r.projection}")
     if args.json:
         Path(args.json).write_text(json.dumps({"seed": seed, "python": sys.version.split()[0], "results": [asdict(r) | {"ok": r.ok} for r in results]}, indent=2) + "\n")

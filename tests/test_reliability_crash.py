@@ -33,7 +33,8 @@ def test_random_kills_lose_and_duplicate_nothing(tmp_path: Path, durability: str
     result = harness.run(tmp_path, durability=durability, kills=24, seed=7 + len(durability), max_delay=0.08)
     assert result.ok, result.problems
     assert result.kills == 24
-    assert result.writer_kills > 0
+    # Kills that landed mid-write are what the run proves something with.
+    assert result.mid_write_kills >= result.writer_kills // 2 > 0
     assert result.messages_acked > 100
     assert result.messages_checked > 0
     if SQLiteProjection is not None:
