@@ -456,8 +456,8 @@ class Store:
             with self._group:
                 self._queue.append(request)
                 if not self._leading:
-                    request.lead = True  # first: an interrupt between these leaves a lead to pass on
-                    self._holder = request
+                    self._holder = request  # named before its lead is set, as everywhere (_take_lead_left_behind)
+                    request.lead = True  # then: an interrupt after this leaves a lead to pass on
                     self._leading = True
             if not request.lead:
                 # Woken once: a commit held this write, or the lead was handed to it.  Polled, in
@@ -506,8 +506,8 @@ class Store:
                         self._holder = None
                         self._leading = False
                     else:
-                        following.lead = following.woken = True
                         self._holder = following
+                        following.lead = following.woken = True
                         following.wake.release()
                 if request in self._queue:  # an interrupt after the release leaves it queued, abandoned: never run
                     self._queue.remove(request)
@@ -524,14 +524,23 @@ class Store:
         away before it could leave the queue.  Either way no thread would lead again and every
         waiter would wait for ever; the first waiter to look (every :data:`WAKE_POLL` seconds)
         leads instead.  A caller that is still passing the lead on finds it taken and leaves.
+
+        The holder is always named before its lead is set, so an interrupt between the two
+        leaves either the old holder, done or abandoned (a waiter takes over), or ``request``
+        named without its lead (it takes the lead it was being handed).  The other way round,
+        a waiter would take over from a holder that had already handed a live lead on, and
+        two callers would lead at once.
         """
         with self._group:
             holder = self._holder
-            if holder is None or holder is request or not (holder.done or holder.abandoned) or request.done or request.lead:
+            if holder is None or request.done or request.lead:
                 return
-            holder.lead = False
-            request.lead = request.woken = True
+            if holder is not request:
+                if not (holder.done or holder.abandoned):
+                    return
+                holder.lead = False
             self._holder = request
+            request.lead = request.woken = True
 
     def _commit_group(self, group: list[_Request]) -> None:
         """Run every request of ``group`` in one write transaction and commit once."""

@@ -16,6 +16,7 @@ def end_commit_in_flight(store) -> None:
     """What a leader's last step does (``Store._write``): the next caller in line leads."""
     with store._group:
         if store._queue:
+            store._holder = store._queue[0]
             store._queue[0].lead = store._queue[0].woken = True
             store._queue[0].wake.release()
         else:
@@ -643,3 +644,116 @@ def test_a_caller_interrupted_twice_while_waiting_never_leaves_the_lead_to_nobod
     with pytest.raises(EventLogError, match="no session 'b'"):
         log.messages("b")
     assert not store._queue and not store._leading
+
+
+def _hand_over_cut_short(log: EventLog, monkeypatch, cut) -> tuple[dict[str, object], int]:
+    """A leads and commits its own write while B and C wait behind it, one write per commit;
+    ``cut(store, requests)`` makes the interrupt land in A's hand-over.  B and C each hold
+    their commit for longer than a waiter's poll, so that a waiter taking over from a live
+    leader would be seen.  Returns each caller's outcome and the most commits led at once."""
+    from eventlog.store import WAKE_POLL
+
+    store = log._store
+    store.max_group = 1
+    committing, proceed = _hold_commits_of("A", store, monkeypatch)
+    requests: dict[str, _Request] = {}
+    real_init = _Request.__init__
+
+    def init(self, body):
+        real_init(self, body)
+        requests[threading.current_thread().name] = self
+
+    monkeypatch.setattr(_Request, "__init__", init)
+    cut(store, requests)
+    leading, most, count = [0], [0], threading.Lock()
+    commit_group = store._commit_group
+
+    def counted(group):
+        with count:
+            leading[0] += 1
+            most[0] = max(most[0], leading[0])
+        try:
+            if threading.current_thread().name != "A":
+                time.sleep(3 * WAKE_POLL)
+            return commit_group(group)
+        finally:
+            with count:
+                leading[0] -= 1
+
+    monkeypatch.setattr(store, "_commit_group", counted)
+    outcome: dict[str, object] = {}
+
+    def write(name):
+        try:
+            outcome[name] = log.append(name, [user(name)])
+        except BaseException as e:
+            outcome[name] = e
+
+    threads = {name: threading.Thread(target=write, args=(name,), name=name, daemon=True) for name in "ABC"}
+    threads["A"].start()
+    assert committing.wait(10)
+    for name in "BC":
+        threads[name].start()
+        deadline = time.monotonic() + 10
+        while name not in requests or requests[name] not in store._queue:
+            assert time.monotonic() < deadline, f"{name} never queued"
+            time.sleep(0.001)
+    proceed.set()
+    for name, t in threads.items():
+        t.join(10)
+        assert not t.is_alive(), f"{name} waits for a lead nobody holds"
+    assert isinstance(outcome["A"], KeyboardInterrupt)  # the interrupt is A's own; its write is stored
+    assert [log.messages(name) for name in "ABC"] == [[user(name)] for name in "ABC"]
+    assert not store._queue and not store._leading and store._holder is None
+    return outcome, most[0]
+
+
+def test_a_leader_interrupted_as_it_names_the_next_leader_leaves_one_leader(log, monkeypatch):
+    """The interrupt lands as A names B the holder of the lead: B and C both look, one leads,
+    and the other waits for it (it does not take over from a live leader)."""
+    from eventlog.store import Store
+
+    def cut(store, requests):
+        def get(self):
+            return self.__dict__["_holder"]
+
+        def put(self, value):
+            if threading.current_thread().name == "A" and value is not None and value is not requests["A"]:
+                raise KeyboardInterrupt  # the hand-over: `self._holder = following`
+            self.__dict__["_holder"] = value
+
+        monkeypatch.setattr(Store, "_holder", property(get, put), raising=False)
+
+    _, most = _hand_over_cut_short(log, monkeypatch, cut)
+    assert most == 1, "two callers led at once"
+
+
+def test_a_caller_named_leader_whose_lead_was_never_set_takes_it(log, monkeypatch):
+    """The interrupt lands after A names B the holder, as it sets B's lead: B, polling, finds
+    itself named and leads; C does not take over from it."""
+
+    class LeadCutShort(_Request):
+        __slots__ = ()
+
+        @property
+        def lead(self):
+            return _Request.lead.__get__(self, _Request)
+
+        @lead.setter
+        def lead(self, value):
+            if value and threading.current_thread().name == "A":
+                raise KeyboardInterrupt  # the hand-over: `following.lead = True`
+            _Request.lead.__set__(self, value)
+
+    def cut(store, requests):
+        real_init = _Request.__init__
+
+        def init(self, body):
+            real_init(self, body)
+            if threading.current_thread().name == "B":
+                self.__class__ = LeadCutShort
+
+        monkeypatch.setattr(_Request, "__init__", init)
+
+    _, most = _hand_over_cut_short(log, monkeypatch, cut)
+    assert most == 1, "two callers led at once"
