@@ -8,7 +8,7 @@ import time
 import pytest
 
 from eventlog import EMPTY_HEAD, ConflictError, EventLog, EventLogError, HistoryMismatchError, events
-from eventlog.store import _Request
+from eventlog.store import WAKE_POLL, _Request
 from factories import assistant, user
 
 
@@ -646,13 +646,11 @@ def test_a_caller_interrupted_twice_while_waiting_never_leaves_the_lead_to_nobod
     assert not store._queue and not store._leading
 
 
-def _hand_over_cut_short(log: EventLog, monkeypatch, cut) -> tuple[dict[str, object], int]:
+def _hand_over_cut_short(log: EventLog, monkeypatch, cut) -> int:
     """A leads and commits its own write while B and C wait behind it, one write per commit;
     ``cut(store, requests)`` makes the interrupt land in A's hand-over.  B and C each hold
     their commit for longer than a waiter's poll, so that a waiter taking over from a live
-    leader would be seen.  Returns each caller's outcome and the most commits led at once."""
-    from eventlog.store import WAKE_POLL
-
+    leader would be seen.  Returns the most commits led at once."""
     store = log._store
     store.max_group = 1
     committing, proceed = _hold_commits_of("A", store, monkeypatch)
@@ -705,7 +703,7 @@ def _hand_over_cut_short(log: EventLog, monkeypatch, cut) -> tuple[dict[str, obj
     assert isinstance(outcome["A"], KeyboardInterrupt)  # the interrupt is A's own; its write is stored
     assert [log.messages(name) for name in "ABC"] == [[user(name)] for name in "ABC"]
     assert not store._queue and not store._leading and store._holder is None
-    return outcome, most[0]
+    return most[0]
 
 
 def test_a_leader_interrupted_as_it_names_the_next_leader_leaves_one_leader(log, monkeypatch):
@@ -724,8 +722,7 @@ def test_a_leader_interrupted_as_it_names_the_next_leader_leaves_one_leader(log,
 
         monkeypatch.setattr(Store, "_holder", property(get, put), raising=False)
 
-    _, most = _hand_over_cut_short(log, monkeypatch, cut)
-    assert most == 1, "two callers led at once"
+    assert _hand_over_cut_short(log, monkeypatch, cut) == 1, "two callers led at once"
 
 
 def test_a_caller_named_leader_whose_lead_was_never_set_takes_it(log, monkeypatch):
@@ -755,5 +752,4 @@ def test_a_caller_named_leader_whose_lead_was_never_set_takes_it(log, monkeypatc
 
         monkeypatch.setattr(_Request, "__init__", init)
 
-    _, most = _hand_over_cut_short(log, monkeypatch, cut)
-    assert most == 1, "two callers led at once"
+    assert _hand_over_cut_short(log, monkeypatch, cut) == 1, "two callers led at once"
