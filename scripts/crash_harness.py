@@ -65,11 +65,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 MODES = ("full", "process", "none")
 REWIND_ABOVE = 120
-# The share of kills whose delay counts from the victim's start, so they can land while it
-# imports and opens the log; the others count from its first line, so that however slowly a
-# machine starts Python, most kills land while the victim is writing.
-AT_START = 0.2
 """Sessions longer than this are rewound, so flushes stay cheap on long runs."""
+AT_START = 0.2
+"""The share of kills whose delay counts from the victim's start, so they can land while it
+imports and opens the log; the others count from its first report, so that however slowly a
+machine starts Python, most kills land while the victim is writing."""
 
 
 # -- messages -------------------------------------------------------------------
@@ -224,7 +224,8 @@ class _Proc:
                 self.lines.append(json.loads(raw))
 
     def wait_started(self, timeout: float = 30.0) -> None:
-        """Until the process has sent its first line (opened the log), exited or ``timeout`` passed."""
+        """Until the process has sent its first line (a writer once it has opened the log, the
+        projector once it has caught up), has exited, or ``timeout`` has passed."""
         deadline = time.monotonic() + timeout
         while not self.lines and self.popen.poll() is None and time.monotonic() < deadline:
             time.sleep(0.002)
