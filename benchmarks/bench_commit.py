@@ -39,7 +39,8 @@ from benchmarks.harness import now_ns, quiet_gc, run_main, scratch, summary, tab
 from benchmarks.workload import Workload
 
 MODES = ("full", "process", "none")
-WRITES = ("eventlog append", "eventlog flush", "bare py-lmdb", "bare py-lmdb + digests", "raw fdatasync")
+ADDRESSED = "bare py-lmdb + digests"
+WRITES = ("eventlog append", "eventlog flush", "bare py-lmdb", ADDRESSED, "raw fdatasync")
 
 
 def run(*, quick: bool = False, scratch_dir: Path | None = None, messages: int | None = None, modes: tuple[str, ...] = MODES) -> dict[str, Any]:
@@ -63,7 +64,7 @@ def run(*, quick: bool = False, scratch_dir: Path | None = None, messages: int |
                         "eventlog append": lambda msgs, new, bodies: appender.append("s", new),
                         "eventlog flush": lambda msgs, new, bodies: flusher.flush("s", msgs),
                         "bare py-lmdb": lambda msgs, new, bodies: bare.write("s", bodies),
-                        "bare py-lmdb + digests": lambda msgs, new, bodies: hashed.write_addressed("s", new),
+                        ADDRESSED: lambda msgs, new, bodies: hashed.write_addressed("s", new),
                         "raw fdatasync": lambda msgs, new, bodies: raw.turn("s", msgs, new),
                     }
                     names = list(steps)

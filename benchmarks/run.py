@@ -58,6 +58,18 @@ BULK_FLOORS = {
 }
 
 
+def flush_floor(trust: bool, mode: str, *, end_to_end: bool = False) -> str:
+    """The name of the flush benchmark's floor for a flush of this kind: a commit of the turn with
+    its digests, after (default mode) the cheapest look at every held message that an edit cannot
+    slip past; ``end_to_end``, followed by SQLite alone writing and indexing the turn's rows."""
+    looked = "" if trust else "in-place check + "
+    if end_to_end:
+        return f"floor: {looked}content-addressed put+commit + SQLite rows and FTS5 [{mode}]"
+    if trust:
+        return f"floor: content-addressed py-lmdb put+commit [{mode}]"
+    return f"floor: in-place check + content-addressed put+commit [{mode}]"
+
+
 def _ratio_target(results: dict[str, Any], ours: str, theirs: str, want: float, label: str, floor: str | None = None) -> dict[str, Any]:
     flush = results.get("flush")
     a = _row(flush, ours) if flush else None
@@ -86,12 +98,7 @@ def targets(results: dict[str, Any]) -> list[dict[str, Any]]:
     for label, trust in (("", ""), (" (trust mode)", " trust")):
         ours_full = f"eventlog flush{trust} [full] +projection"
         ours_process = f"eventlog flush{trust} [process] +projection"
-        # The least a flush of the mode can cost: a commit of the turn with its digests, after
-        # (default mode) the cheapest look at every held message that an edit cannot slip past.
-        floor = (
-            "floor: content-addressed py-lmdb put+commit [{}]" if trust else "floor: in-place check + content-addressed put+commit [{}]"
-        )
-        full, process = floor.format("full"), floor.format("process")
+        full, process = flush_floor(bool(trust), "full"), flush_floor(bool(trust), "process")
         out += [
             _ratio_target(results, ours_full, hermes, 5, f"flush+projection [full]{label} >= 5x faster than hermes SessionDB", full),
             _ratio_target(results, ours_full, es, 1.5, f"flush+projection [full]{label} >= 1.5x faster than eventsourcing", full),
@@ -106,7 +113,7 @@ def targets(results: dict[str, Any]) -> list[dict[str, Any]]:
                 hermes,
                 3,
                 f"end to end{label} (rows and search index current) >= 3x faster than hermes",
-                f"floor: {'' if trust else 'in-place check + '}content-addressed put+commit + SQLite rows and FTS5 [full]",
+                flush_floor(bool(trust), "full", end_to_end=True),
             ),
         ]
     commit = results.get("commit")
@@ -116,7 +123,7 @@ def targets(results: dict[str, Any]) -> list[dict[str, Any]]:
             if row:
                 status = "met" if row["x_bare"] <= 1.5 else "missed"
                 detail = f"{fmt(row['median_ms'])} ms median; {row['x_fsync']:.1f}x a raw fdatasync"
-                addressed = _row(commit, "bare py-lmdb + digests", mode=mode)
+                addressed = _row(commit, bench_commit.ADDRESSED, mode=mode)
                 if status == "missed" and addressed:
                     detail += f"; the bare commit after encoding and hashing the messages alone takes {addressed['x_bare']:.2f}x"
                     if addressed["x_bare"] > 1.5:
@@ -308,10 +315,9 @@ def report(results: dict[str, Any], pictures: list[str]) -> str:
         "durability mode with the encoding and the two digests of each of its messages (the least a "
         "content-addressed log computes), in the default mode after one C comparison of every held message "
         "with a copy (the least that noticing in-place edits costs), end to end followed by SQLite alone "
-        "writing and indexing the turn's prebuilt rows; for a bare write or an import, that "
-        "encoding and those digests; for a "
-        "rebuild SQLite alone writing the same rows, for threads the rate of one writer that never syncs "
-        "(they share one GIL).",
+        "writing and indexing the turn's prebuilt rows; for a bare write or an import, that encoding and "
+        "those digests; for a rebuild, SQLite alone writing the same rows; for threads, the rate of one "
+        "writer that never syncs (they share one GIL).",
         "",
         "## Targets",
         "",

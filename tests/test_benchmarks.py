@@ -56,6 +56,10 @@ def test_flush_scenario_runs_every_available_system(tmp_path: Path) -> None:
     _check_rows(result["rows"])
     names = {row["system"] for row in result["rows"]} | set(result["skipped"])
     assert names == {system.name for system in bench_flush.all_systems()}
+    # The targets find their floors by these names: a renamed floor would leave them without one.
+    floors = {runner.flush_floor(trust, mode) for trust in (False, True) for mode in ("full", "process")}
+    floors |= {runner.flush_floor(trust, "full", end_to_end=True) for trust in (False, True)}
+    assert floors <= names, floors - names
     for name, why in result["skipped"].items():
         assert why, name
     peers = {"hermes_state": "hermes SessionDB (one txn per turn)", "eventsourcing": "eventsourcing (SQLite)", "agents": "openai-agents SQLiteSession"}
