@@ -29,17 +29,18 @@ import os
 from pathlib import Path
 from typing import Any
 
-from eventlog import EventLog
-
 from benchmarks.bench_reflush import rehash_all
 from benchmarks.harness import now_ns, quiet_gc, run_main, scratch, summary, table
 from benchmarks.systems import projection_available
 from benchmarks.workload import Workload
+from eventlog import EventLog
 
 PER_SESSION = 1_000
 
 
-def run(*, quick: bool = False, scratch_dir: Path | None = None, messages: int | None = None, repeats: int | None = None) -> dict[str, Any]:
+def run(
+    *, quick: bool = False, scratch_dir: Path | None = None, messages: int | None = None, repeats: int | None = None
+) -> dict[str, Any]:
     total = messages or (10_000 if quick else 100_000)
     repeats = repeats or (1 if quick else 3)
     per_session = min(PER_SESSION, total)
@@ -55,7 +56,11 @@ def run(*, quick: bool = False, scratch_dir: Path | None = None, messages: int |
                     start = now_ns()
                     log.flush(f"session-{i}", messages)
                     samples.append(now_ns() - start)
-            row = {"system": f"bulk import ({len(sessions)} flushes of {per_session:,})", "durability": mode, "messages": count}
+            row = {
+                "system": f"bulk import ({len(sessions)} flushes of {per_session:,})",
+                "durability": mode,
+                "messages": count,
+            }
             row.update(summary(samples, per_session))
             row["unit"] = "msgs/s"
             rows.append(row)

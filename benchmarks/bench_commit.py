@@ -32,18 +32,19 @@ import random
 from pathlib import Path
 from typing import Any
 
-from eventlog import EventLog
-
 from benchmarks import systems as sy
 from benchmarks.harness import now_ns, quiet_gc, run_main, scratch, summary, table
 from benchmarks.workload import Workload
+from eventlog import EventLog
 
 MODES = ("full", "process", "none")
 ADDRESSED = "bare py-lmdb + digests"
 WRITES = ("eventlog append", "eventlog flush", "bare py-lmdb", ADDRESSED, "raw fdatasync")
 
 
-def run(*, quick: bool = False, scratch_dir: Path | None = None, messages: int | None = None, modes: tuple[str, ...] = MODES) -> dict[str, Any]:
+def run(
+    *, quick: bool = False, scratch_dir: Path | None = None, messages: int | None = None, modes: tuple[str, ...] = MODES
+) -> dict[str, Any]:
     total = messages or (300 if quick else 5000)
     rows: list[dict[str, Any]] = []
     order = random.Random(11)
@@ -59,7 +60,10 @@ def run(*, quick: bool = False, scratch_dir: Path | None = None, messages: int |
             raw = sy.RawFsyncSystem()
             raw.open(root)
             try:
-                with EventLog.open(root / "append", durability=mode) as appender, EventLog.open(root / "flush", durability=mode) as flusher:
+                with (
+                    EventLog.open(root / "append", durability=mode) as appender,
+                    EventLog.open(root / "flush", durability=mode) as flusher,
+                ):
                     steps = {
                         "eventlog append": lambda msgs, new, bodies: appender.append("s", new),
                         "eventlog flush": lambda msgs, new, bodies: flusher.flush("s", msgs),
@@ -83,7 +87,11 @@ def run(*, quick: bool = False, scratch_dir: Path | None = None, messages: int |
         bare_median = summary(samples["bare py-lmdb"])["median_ms"]
         raw_median = summary(samples["raw fdatasync"])["median_ms"]
         for name, values in samples.items():
-            row = {"mode": mode, "system": name, "durability": sy.DURABILITY_TEXT[mode] if name != "raw fdatasync" else "fdatasync"}
+            row = {
+                "mode": mode,
+                "system": name,
+                "durability": sy.DURABILITY_TEXT[mode] if name != "raw fdatasync" else "fdatasync",
+            }
             row.update(summary(values, 10))
             row["x_bare"] = row["median_ms"] / bare_median
             row["x_fsync"] = row["median_ms"] / raw_median

@@ -27,10 +27,9 @@ import threading
 from pathlib import Path
 from typing import Any
 
-from eventlog import EventLog
-
 from benchmarks.harness import now_ns, quiet_gc, run_main, scratch, summary, table
 from benchmarks.workload import MESSAGES_PER_TURN, Workload
+from eventlog import EventLog
 
 THREADS = (1, 2, 4, 8)
 PROCESSES = (2, 4)
@@ -44,7 +43,9 @@ def _turns(writer: int, turns: int) -> list[tuple[list[dict[str, Any]], list[dic
     return out
 
 
-def _write(log: EventLog, writer: int, plan: list[tuple[list[dict[str, Any]], list[dict[str, Any]]]], barrier: Any) -> tuple[int, int, list[int]]:
+def _write(
+    log: EventLog, writer: int, plan: list[tuple[list[dict[str, Any]], list[dict[str, Any]]]], barrier: Any
+) -> tuple[int, int, list[int]]:
     samples: list[int] = []
     barrier.wait()
     began = now_ns()
@@ -61,12 +62,15 @@ def _process_writer(path: str, writer: int, turns: int, barrier: Any, out: Any) 
         out.put((writer, _write(log, writer, plan, barrier)))
 
 
-def _threads(path: Path, count: int, turns: int, trust: bool = False, durability: str = "full") -> tuple[int, list[int]]:
+def _threads(
+    path: Path, count: int, turns: int, trust: bool = False, durability: str = "full"
+) -> tuple[int, list[int]]:
     plans = [_turns(w, turns) for w in range(count)]
     barrier = threading.Barrier(count)
     results: list[tuple[int, int, list[int]] | None] = [None] * count
     errors: list[BaseException] = []
     with EventLog.open(path, trust_identity=trust, durability=durability) as log, quiet_gc():
+
         def body(w: int) -> None:
             try:
                 results[w] = _write(log, w, plans[w], barrier)
@@ -105,7 +109,14 @@ def _combine(results: list[tuple[int, int, list[int]]]) -> tuple[int, list[int]]
     return wall, [s for _, _, samples in results for s in samples]
 
 
-def run(*, quick: bool = False, scratch_dir: Path | None = None, turns: int | None = None, threads: tuple[int, ...] = THREADS, processes: tuple[int, ...] = PROCESSES) -> dict[str, Any]:
+def run(
+    *,
+    quick: bool = False,
+    scratch_dir: Path | None = None,
+    turns: int | None = None,
+    threads: tuple[int, ...] = THREADS,
+    processes: tuple[int, ...] = PROCESSES,
+) -> dict[str, Any]:
     turns = turns or (10 if quick else 100)
     rows: list[dict[str, Any]] = []
     with scratch(scratch_dir, "concurrency-") as root:
@@ -132,7 +143,9 @@ def run(*, quick: bool = False, scratch_dir: Path | None = None, turns: int | No
             row["wall_s"] = wall / 1e9
             rows.append(row)
     for row in rows:
-        single = next((r for r in rows if r["writers"] == 1 and r["trust"] == row["trust"] and r["durability"] == "full"), None)
+        single = next(
+            (r for r in rows if r["writers"] == 1 and r["trust"] == row["trust"] and r["durability"] == "full"), None
+        )
         row["x_single"] = row["aggregate_msgs_per_s"] / single["aggregate_msgs_per_s"] if single else None
     return {"scenario": "concurrent writers", "turns_per_writer": turns, "rows": rows}
 

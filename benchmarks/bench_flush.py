@@ -68,7 +68,9 @@ def all_systems() -> list[sy.System]:
     ]
 
 
-def run(*, quick: bool = False, scratch_dir: Path | None = None, messages: int | None = None, only: list[str] | None = None) -> dict[str, Any]:
+def run(
+    *, quick: bool = False, scratch_dir: Path | None = None, messages: int | None = None, only: list[str] | None = None
+) -> dict[str, Any]:
     """Run every available system through one growing session; return rows, series and skips."""
     total = messages or (300 if quick else 5000)
     candidates = [s for s in all_systems() if only is None or s.name in only]

@@ -32,10 +32,9 @@ from typing import Any
 
 import msgspec
 
-from eventlog import EventLog
-
 from benchmarks.harness import fmt, now_ns, quiet_gc, run_main, scratch, summary, table
 from benchmarks.workload import Workload
+from eventlog import EventLog
 
 SIZES = (100, 1_000, 5_000, 10_000)
 QUICK_SIZES = (100, 1_000)
@@ -57,7 +56,13 @@ def _rounds(size: int, quick: bool) -> int:
     return max(5, min(300, budget // size))
 
 
-def run(*, quick: bool = False, scratch_dir: Path | None = None, sizes: tuple[int, ...] | None = None, rounds: int | None = None) -> dict[str, Any]:
+def run(
+    *,
+    quick: bool = False,
+    scratch_dir: Path | None = None,
+    sizes: tuple[int, ...] | None = None,
+    rounds: int | None = None,
+) -> dict[str, Any]:
     sizes = sizes or (QUICK_SIZES if quick else SIZES)
     rows: list[dict[str, Any]] = []
     workload = Workload()
@@ -66,7 +71,12 @@ def run(*, quick: bool = False, scratch_dir: Path | None = None, sizes: tuple[in
             messages = workload.messages(size)
             copies = [copy.deepcopy(messages) for _ in range(2)]
             path = root / f"log-{size}"
-            samples: dict[str, list[int]] = {"reflush": [], "reflush trust": [], "reflush fresh copies": [], "rehash all": []}
+            samples: dict[str, list[int]] = {
+                "reflush": [],
+                "reflush trust": [],
+                "reflush fresh copies": [],
+                "rehash all": [],
+            }
             # LMDB opens an environment once per process: the trusting log is its own copy.
             with EventLog.open(path) as log, EventLog.open(root / f"trusted-{size}", trust_identity=True) as trusted:
                 log.flush("s", messages)

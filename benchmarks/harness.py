@@ -80,8 +80,15 @@ def product_commit() -> str:
         return os.environ["BENCH_COMMIT"]
     where = Path(eventlog.__file__).resolve().parent.parent
     try:
-        commit = subprocess.run(["git", "-C", str(where), "rev-parse", "--short", "HEAD"], capture_output=True, text=True, check=True).stdout.strip()
-        dirty = subprocess.run(["git", "-C", str(where), "status", "--porcelain", "eventlog", "projections"], capture_output=True, text=True, check=True).stdout.strip()
+        commit = subprocess.run(
+            ["git", "-C", str(where), "rev-parse", "--short", "HEAD"], capture_output=True, text=True, check=True
+        ).stdout.strip()
+        dirty = subprocess.run(
+            ["git", "-C", str(where), "status", "--porcelain", "eventlog", "projections"],
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout.strip()
     except (OSError, subprocess.CalledProcessError):
         return "unknown"
     return commit + ("+dirty" if dirty else "")
@@ -170,7 +177,7 @@ def fmt(value: Any, digits: int = 3) -> str:
             return f"{value:,.0f}"
         if abs(value) >= 100:
             return f"{value:.1f}"
-        return f"{value:.{digits}g}" if abs(value) < 1 else f"{value:.{digits}g}"
+        return f"{value:.{digits}g}"
     return str(value)
 
 
@@ -202,14 +209,21 @@ def add_ratios(rows: list[dict[str, Any]], reference: str, key: str = "median_ms
 
 
 def parser(doc: str | None) -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(description=(doc or "").split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(
+        description=(doc or "").split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     p.add_argument("--quick", action="store_true", help="small sizes: a minute, not a reference run")
     p.add_argument("--json", type=Path, help="also write the result as JSON to this file")
     p.add_argument("--scratch", type=Path, default=SCRATCH, help="where to create databases (a real disk, not tmpfs)")
     return p
 
 
-def run_main(doc: str | None, run: Callable[..., dict[str, Any]], render: Callable[[dict[str, Any]], str], argv: Sequence[str] | None = None) -> dict[str, Any]:
+def run_main(
+    doc: str | None,
+    run: Callable[..., dict[str, Any]],
+    render: Callable[[dict[str, Any]], str],
+    argv: Sequence[str] | None = None,
+) -> dict[str, Any]:
     """The shared ``main()``: parse arguments, run, print the table, optionally write JSON."""
     args = parser(doc).parse_args(argv)
     result = run(quick=args.quick, scratch_dir=args.scratch)

@@ -70,7 +70,9 @@ def flush_floor(trust: bool, mode: str, *, end_to_end: bool = False) -> str:
     return f"floor: in-place check + content-addressed put+commit [{mode}]"
 
 
-def _ratio_target(results: dict[str, Any], ours: str, theirs: str, want: float, label: str, floor: str | None = None) -> dict[str, Any]:
+def _ratio_target(
+    results: dict[str, Any], ours: str, theirs: str, want: float, label: str, floor: str | None = None
+) -> dict[str, Any]:
     flush = results.get("flush")
     a = _row(flush, ours) if flush else None
     b = _row(flush, theirs) if flush else None
@@ -100,13 +102,41 @@ def targets(results: dict[str, Any]) -> list[dict[str, Any]]:
         ours_process = f"eventlog flush{trust} [process] +projection"
         full, process = flush_floor(bool(trust), "full"), flush_floor(bool(trust), "process")
         out += [
-            _ratio_target(results, ours_full, hermes, 5, f"flush+projection [full]{label} >= 5x faster than hermes SessionDB", full),
-            _ratio_target(results, ours_full, es, 1.5, f"flush+projection [full]{label} >= 1.5x faster than eventsourcing", full),
-            _ratio_target(results, ours_full, openai, 1.0, f"flush+projection [full]{label} faster than OpenAI SQLiteSession", full),
             _ratio_target(
-                results, ours_process, hermes, 8, f"flush+projection [process]{label} >= 8x faster than hermes SessionDB", process
+                results,
+                ours_full,
+                hermes,
+                5,
+                f"flush+projection [full]{label} >= 5x faster than hermes SessionDB",
+                full,
             ),
-            _ratio_target(results, ours_process, es, 3, f"flush+projection [process]{label} >= 3x faster than eventsourcing", process),
+            _ratio_target(
+                results, ours_full, es, 1.5, f"flush+projection [full]{label} >= 1.5x faster than eventsourcing", full
+            ),
+            _ratio_target(
+                results,
+                ours_full,
+                openai,
+                1.0,
+                f"flush+projection [full]{label} faster than OpenAI SQLiteSession",
+                full,
+            ),
+            _ratio_target(
+                results,
+                ours_process,
+                hermes,
+                8,
+                f"flush+projection [process]{label} >= 8x faster than hermes SessionDB",
+                process,
+            ),
+            _ratio_target(
+                results,
+                ours_process,
+                es,
+                3,
+                f"flush+projection [process]{label} >= 3x faster than eventsourcing",
+                process,
+            ),
             _ratio_target(
                 results,
                 f"eventlog flush{trust} [full] +projection+search current",
@@ -168,9 +198,18 @@ def targets(results: dict[str, Any]) -> list[dict[str, Any]]:
             ("replay", "-", 500_000, "replay >= 500k msg/s"),
             ("projection rebuild", "-", 50_000, "projection rebuild >= 50k rows/s"),
         ):
-            row = next((r for r in bulk["rows"] if r["system"].startswith(prefix) and r["durability"] == durability), None)
+            row = next(
+                (r for r in bulk["rows"] if r["system"].startswith(prefix) and r["durability"] == durability), None
+            )
             if row is None:
-                out.append({"target": label, "status": "not measured", "measured": "-", "detail": "; ".join(bulk["skipped"].values())})
+                out.append(
+                    {
+                        "target": label,
+                        "status": "not measured",
+                        "measured": "-",
+                        "detail": "; ".join(bulk["skipped"].values()),
+                    }
+                )
                 continue
             rate = row["msgs_per_s"]
             detail = row["system"]
@@ -223,7 +262,11 @@ def plots(results: dict[str, Any], out: Path) -> list[str]:
         fig, ax = plt.subplots(figsize=(10, 0.42 * len(rows) + 1.8))
         names = [r["system"] for r in rows]
         y = range(len(rows))
-        for key, colour, label in (("p99_ms", "#f4c7a1", "p99"), ("p90_ms", "#e8894a", "p90"), ("median_ms", "#a33b20", "median")):
+        for key, colour, label in (
+            ("p99_ms", "#f4c7a1", "p99"),
+            ("p90_ms", "#e8894a", "p90"),
+            ("median_ms", "#a33b20", "median"),
+        ):
             ax.barh(list(y), [r[key] for r in rows], color=colour, label=label)
         ax.set_yticks(list(y), names, fontsize=8)
         ax.invert_yaxis()
@@ -281,7 +324,11 @@ def plots(results: dict[str, Any], out: Path) -> list[str]:
             ("threads", True, "^:", "threads, trust mode"),
             ("processes", False, "s--", "processes"),
         ):
-            rows = [r for r in conc["rows"] if r["kind"] == kind and r.get("trust", False) == trust and r["durability"] == "full"]
+            rows = [
+                r
+                for r in conc["rows"]
+                if r["kind"] == kind and r.get("trust", False) == trust and r["durability"] == "full"
+            ]
             ax.plot([r["writers"] for r in rows], [r["aggregate_msgs_per_s"] for r in rows], marker, label=label)
         ax.set_xlabel("writers (each its own session)")
         ax.set_ylabel("aggregate messages/s (durability full)")
@@ -348,7 +395,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     args.out.mkdir(parents=True, exist_ok=True)
     began = time.monotonic()
     results: dict[str, Any] = {
-        "command": "python -m benchmarks.run" + (" --quick" if args.quick else "") + (f" --only {' '.join(args.only)}" if args.only else ""),
+        "command": "python -m benchmarks.run"
+        + (" --quick" if args.quick else "")
+        + (f" --only {' '.join(args.only)}" if args.only else ""),
         "quick": args.quick,
         "machine": machine(args.scratch),
     }

@@ -102,11 +102,15 @@ class EventLogSystem(System):
     waits until the search index is current too: end to end).
     """
 
-    def __init__(self, *, durability: str = "full", mode: str = "flush", trust: bool = False, projection: str | None = None) -> None:
+    def __init__(
+        self, *, durability: str = "full", mode: str = "flush", trust: bool = False, projection: str | None = None
+    ) -> None:
         self.mode = mode
         self.trust = trust
         self.projection_mode = projection
-        self.durability = DURABILITY_TEXT[durability] + (", projection: SQLite WAL synchronous=NORMAL" if projection else "")
+        self.durability = DURABILITY_TEXT[durability] + (
+            ", projection: SQLite WAL synchronous=NORMAL" if projection else ""
+        )
         self.log_durability = durability
         label = "append" if mode == "append" else ("flush trust" if trust else "flush")
         suffix = {None: "", "attached": " +projection", "search": " +projection+search current"}[projection]
@@ -124,7 +128,9 @@ class EventLogSystem(System):
 
             self.projection = SQLiteProjection(directory / "transcript.db")
             projections.append(self.projection)
-        self.log = EventLog.open(directory / "log", durability=self.log_durability, trust_identity=self.trust, projections=projections)
+        self.log = EventLog.open(
+            directory / "log", durability=self.log_durability, trust_identity=self.trust, projections=projections
+        )
 
     def turn(self, session_id: str, messages: list[Message], new: list[Message]) -> None:
         assert self.log is not None
@@ -148,6 +154,7 @@ class EventLogSystem(System):
 
 # -- peers ---------------------------------------------------------------------
 
+
 def sqlite_synchronous(conn: sqlite3.Connection) -> str:
     level = conn.execute("PRAGMA synchronous").fetchone()[0]
     mode = conn.execute("PRAGMA journal_mode").fetchone()[0]
@@ -155,7 +162,13 @@ def sqlite_synchronous(conn: sqlite3.Connection) -> str:
 
 
 HERMES_MARKER = "_db_persisted"
-_HERMES_REASONING = ("reasoning", "reasoning_content", "reasoning_details", "codex_reasoning_items", "codex_message_items")
+_HERMES_REASONING = (
+    "reasoning",
+    "reasoning_content",
+    "reasoning_details",
+    "codex_reasoning_items",
+    "codex_message_items",
+)
 
 
 class HermesSystem(System):
@@ -187,7 +200,7 @@ class HermesSystem(System):
 
     def _own(self, session_id: str, messages: list[Message]) -> list[Message]:
         own = self._list.setdefault(session_id, [])
-        for message in messages[len(own):]:
+        for message in messages[len(own) :]:
             own.append(copy.deepcopy(message))
         return own
 
@@ -227,6 +240,7 @@ class HermesSystem(System):
         if not rows:
             return
         if self.batch:
+
             def write(conn: sqlite3.Connection) -> None:
                 count, calls = db._insert_message_rows(conn, session_id, rows)
                 conn.execute(
@@ -291,7 +305,9 @@ class EventSourcingSystem(System):
         except ImportError as e:
             raise Skip(f"eventsourcing is not installed ({e}); pip install -e '.[bench]'") from None
         self._transcript = _transcript_aggregate()
-        self.app = Application(env={"PERSISTENCE_MODULE": "eventsourcing.sqlite", "SQLITE_DBNAME": str(directory / "es.db")})
+        self.app = Application(
+            env={"PERSISTENCE_MODULE": "eventsourcing.sqlite", "SQLITE_DBNAME": str(directory / "es.db")}
+        )
         self.aggregates: dict[str, Any] = {}
         conn = sqlite3.connect(directory / "es.db")
         try:
@@ -376,6 +392,7 @@ class PlainSQLiteSystem(System):
 
 
 # -- physical floors -------------------------------------------------------------
+
 
 class RawFsyncSystem(System):
     """One 700-byte overwrite of a file and ``fdatasync``: what one durable write costs at least."""

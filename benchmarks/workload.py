@@ -77,20 +77,25 @@ class Workload:
         out: list[dict[str, Any]] = [
             {"role": "user", "content": self._text(rng, self._size(rng)), "timestamp": clock},
         ]
-        for call in range(4):
+        for _ in range(4):
             clock += rng.uniform(0.5, 8.0)
             tool = rng.choice(TOOLS)
             call_id = f"call_{rng.getrandbits(64):016x}"
             size = self._size(rng)
             thought = self._text(rng, max(40, size // 3)) if rng.random() < 0.5 else None
             arguments = json.dumps(
-                {"path": f"src/{rng.choice(self._words)}/{rng.choice(self._words)}.py", "query": self._text(rng, max(40, size - 60 - (len(thought) if thought else 0)))},
+                {
+                    "path": f"src/{rng.choice(self._words)}/{rng.choice(self._words)}.py",
+                    "query": self._text(rng, max(40, size - 60 - (len(thought) if thought else 0))),
+                },
             )
             out.append(
                 {
                     "role": "assistant",
                     "content": thought,
-                    "tool_calls": [{"id": call_id, "type": "function", "function": {"name": tool, "arguments": arguments}}],
+                    "tool_calls": [
+                        {"id": call_id, "type": "function", "function": {"name": tool, "arguments": arguments}}
+                    ],
                     "finish_reason": "tool_calls",
                     "timestamp": clock,
                 }

@@ -125,7 +125,11 @@ def _open_log(*, write: bool = False, durability: str = "full") -> EventLog:
 def _require_session(log: EventLog, session_id: str) -> None:
     if session_id not in log:
         known = log.sessions()
-        hint = f"; sessions: {', '.join(known[:5])}{' ...' if len(known) > 5 else ''}" if known else "; the log has no sessions"
+        hint = (
+            f"; sessions: {', '.join(known[:5])}{' ...' if len(known) > 5 else ''}"
+            if known
+            else "; the log has no sessions"
+        )
         _fail(f"no session {session_id!r} in {log.path}{hint}")
 
 
@@ -136,7 +140,14 @@ def _default_db(log_path: str) -> str:
 # -- the group ----------------------------------------------------------------
 
 
-@click.group(cls=_Group, context_settings={"help_option_names": ["-h", "--help"], "max_content_width": HELP_WIDTH, "terminal_width": HELP_WIDTH})
+@click.group(
+    cls=_Group,
+    context_settings={
+        "help_option_names": ["-h", "--help"],
+        "max_content_width": HELP_WIDTH,
+        "terminal_width": HELP_WIDTH,
+    },
+)
 @click.option(
     "--log",
     "log_path",
@@ -161,9 +172,28 @@ def cli(ctx: click.Context, log_path: str) -> None:
 
 
 @cli.command()
-@click.option("--path", "path", default=DEFAULT_DEMO, show_default=True, metavar="DIR", help="Directory for the demo's log and SQLite file (cleared if an earlier demo made it).")
-@click.option("--turns", default=60, show_default=True, type=click.IntRange(10, 10_000), help="Agent turns to play before the edit, rewind and compaction.")
-@click.option("--durability", type=click.Choice(["full", "process", "none"]), default="full", show_default=True, help="Sync mode of the demo's log.")
+@click.option(
+    "--path",
+    "path",
+    default=DEFAULT_DEMO,
+    show_default=True,
+    metavar="DIR",
+    help="Directory for the demo's log and SQLite file (cleared if an earlier demo made it).",
+)
+@click.option(
+    "--turns",
+    default=60,
+    show_default=True,
+    type=click.IntRange(10, 10_000),
+    help="Agent turns to play before the edit, rewind and compaction.",
+)
+@click.option(
+    "--durability",
+    type=click.Choice(["full", "process", "none"]),
+    default="full",
+    show_default=True,
+    help="Sync mode of the demo's log.",
+)
 @click.option("--json", "as_json", is_flag=True, help="Print the report as JSON.")
 def demo(path: str, turns: int, durability: str, as_json: bool) -> None:
     """Play a scripted agent session into DIR and report what the log did.
@@ -177,7 +207,6 @@ def demo(path: str, turns: int, durability: str, as_json: bool) -> None:
     say = (lambda line: None) if as_json else (lambda line: _stderr().print(f"[dim]… {escape(line)}[/dim]"))
     report = run_demo(path, turns=turns, durability=durability, say=say)
     if as_json:
-
         _print_json(asdict(report))
     else:
         click.echo(str(report))
@@ -245,7 +274,9 @@ def summarize(records: Iterator[Record]) -> LogSummary:
         out.kinds[KIND_NAMES.get(record.kind, str(record.kind))] += 1
         summary = sessions.get(event.session)
         if summary is None:
-            summary = sessions[event.session] = SessionSummary(event.session, first_seq=record.seq, first_ns=record.time_ns)
+            summary = sessions[event.session] = SessionSummary(
+                event.session, first_seq=record.seq, first_ns=record.time_ns
+            )
         summary.events += 1
         summary.last_seq = record.seq
         summary.last_ns = record.time_ns
@@ -295,7 +326,11 @@ def sessions(as_json: bool) -> None:
         return
     table = Table(box=None, pad_edge=False)
     for column in ("session", "live", "tombstoned", "events", "updated", "title", "notes"):
-        table.add_column(column, justify="right" if column in ("live", "tombstoned", "events") else "left", no_wrap=column == "session")
+        table.add_column(
+            column,
+            justify="right" if column in ("live", "tombstoned", "events") else "left",
+            no_wrap=column == "session",
+        )
     for row in rows:
         notes = []
         if row.forked_from:
@@ -374,7 +409,9 @@ def _markers(history: list[Occurrence]) -> dict[int, list[str]]:
 
 @cli.command()
 @click.argument("session")
-@click.option("--as-of", type=click.IntRange(min=0), metavar="SEQ", help="The transcript as it was right after event SEQ.")
+@click.option(
+    "--as-of", type=click.IntRange(min=0), metavar="SEQ", help="The transcript as it was right after event SEQ."
+)
 @click.option("--repair", is_flag=True, help="Repair tool calls as a resuming agent would (the log is not changed).")
 @click.option("--full", is_flag=True, help="Print whole contents instead of one line per message.")
 @click.option("--json", "as_json", is_flag=True, help="Print the live messages as a JSON array (the wire dicts).")
@@ -441,7 +478,9 @@ def history(session: str, as_json: bool) -> None:
         return
     for o in occurrences:
         status = "live" if o.tombstone is None else f"✗ {o.tombstone.reason}@{o.tombstone.seq}"
-        click.echo(f"{o.seq:>6} {o.position:>5} {o.origin:<6} {status:<16} {o.node[:12]} {render_message(o.message, width=100)}")
+        click.echo(
+            f"{o.seq:>6} {o.position:>5} {o.origin:<6} {status:<16} {o.node[:12]} {render_message(o.message, width=100)}"
+        )
     live = sum(1 for o in occurrences if o.tombstone is None)
     click.echo(f"{len(occurrences)} occurrences, {live} live, {len(occurrences) - live} tombstoned")
 
@@ -488,19 +527,36 @@ def _project(db: str | None, *, rebuild: bool, as_json: bool, exclusive: bool = 
             start = 0 if rebuild else projection.last_seq
             started = time.perf_counter()
             with _progress() as bar:
-                task = bar.add_task("rebuild" if rebuild else "project", total=max(total, 1), completed=min(start, total))
+                task = bar.add_task(
+                    "rebuild" if rebuild else "project", total=max(total, 1), completed=min(start, total)
+                )
                 counting = _CountingLog(log, lambda seq: bar.update(task, completed=seq))
-                applied = projection.rebuild(counting, exclusive=exclusive or None) if rebuild else projection.catch_up(counting)
+                applied = (
+                    projection.rebuild(counting, exclusive=exclusive or None)
+                    if rebuild
+                    else projection.catch_up(counting)
+                )
                 bar.update(task, completed=max(total, 1))
             seconds = time.perf_counter() - started
         finally:
             projection.close()
     rate = applied / seconds if seconds > 0 else 0.0
     if as_json:
-        _print_json({"db": target, "log": log_path, "applied": applied, "last_seq": total, "seconds": seconds, "events_per_second": rate})
+        _print_json(
+            {
+                "db": target,
+                "log": log_path,
+                "applied": applied,
+                "last_seq": total,
+                "seconds": seconds,
+                "events_per_second": rate,
+            }
+        )
         return
     verb = "rebuilt" if rebuild else "projected"
-    click.echo(f"{verb} {applied} events into {target} in {seconds:.2f}s ({rate:,.0f} events/s); projection at event {total}")
+    click.echo(
+        f"{verb} {applied} events into {target} in {seconds:.2f}s ({rate:,.0f} events/s); projection at event {total}"
+    )
 
 
 @cli.command()
@@ -538,7 +594,9 @@ def rebuild(db: str | None, exclusive: bool, as_json: bool) -> None:
 @click.argument("query")
 @click.option("--session", "session", metavar="SESSION", help="Search only this session.")
 @click.option("--limit", default=20, show_default=True, type=click.IntRange(min=1), help="Most results to print.")
-@click.option("--db", metavar="DB", envvar="EVENTLOG_DB", help="The projection to search (else $EVENTLOG_DB, else LOG.sqlite).")
+@click.option(
+    "--db", metavar="DB", envvar="EVENTLOG_DB", help="The projection to search (else $EVENTLOG_DB, else LOG.sqlite)."
+)
 @click.option("--fts", is_flag=True, help='Pass QUERY as SQLite FTS5 syntax ("phrases", AND/OR/NOT, prefix*, NEAR).')
 @click.option("--json", "as_json", is_flag=True, help="Print the results as JSON.")
 def search(query: str, session: str | None, limit: int, db: str | None, fts: bool, as_json: bool) -> None:
@@ -560,7 +618,9 @@ def search(query: str, session: str | None, limit: int, db: str | None, fts: boo
         finally:
             projection.close()
     if as_json:
-        _print_json([{k: r[k] for k in ("session_id", "position", "seq", "role", "snippet", "content")} for r in results])
+        _print_json(
+            [{k: r[k] for k in ("session_id", "position", "seq", "role", "snippet", "content")} for r in results]
+        )
         return
     if not results:
         click.echo("no live message matches")
@@ -702,7 +762,12 @@ def describe(record: Record) -> str:
 
 def _event_json(record: Record) -> dict[str, Any]:
     event = record.event
-    out: dict[str, Any] = {"seq": record.seq, "time": record.time_ns, "session": event.session, "kind": KIND_NAMES.get(record.kind, record.kind)}
+    out: dict[str, Any] = {
+        "seq": record.seq,
+        "time": record.time_ns,
+        "session": event.session,
+        "kind": KIND_NAMES.get(record.kind, record.kind),
+    }
     if isinstance(event, ev.MessagesAppended):
         out.update(position=event.position, count=len(event), carried=len(event.carried), summaries=event.summaries)
     elif isinstance(event, ev.MessagesTombstoned):
@@ -720,10 +785,25 @@ def _event_json(record: Record) -> dict[str, Any]:
 
 @cli.command()
 @click.argument("session", required=False)
-@click.option("-n", "--lines", "count", default=10, show_default=True, type=click.IntRange(min=0), help="Print this many recent events first.")
+@click.option(
+    "-n",
+    "--lines",
+    "count",
+    default=10,
+    show_default=True,
+    type=click.IntRange(min=0),
+    help="Print this many recent events first.",
+)
 @click.option("--once", is_flag=True, help="Print the recent events and exit instead of following.")
 @click.option("--timeout", type=click.FloatRange(min=0), metavar="SECONDS", help="Stop following after SECONDS.")
-@click.option("--interval", default=0.2, show_default=True, type=click.FloatRange(min=0.01), metavar="SECONDS", help="How often to look for new events.")
+@click.option(
+    "--interval",
+    default=0.2,
+    show_default=True,
+    type=click.FloatRange(min=0.01),
+    metavar="SECONDS",
+    help="How often to look for new events.",
+)
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object per event (JSON Lines).")
 def tail(session: str | None, count: int, once: bool, timeout: float | None, interval: float, as_json: bool) -> None:
     """Print the newest events (of SESSION, or of the whole log) and follow new ones.
@@ -739,7 +819,9 @@ def tail(session: str | None, count: int, once: bool, timeout: float | None, int
         def emit(record: Record) -> None:
             if session is not None and record.event.session != session:
                 return
-            click.echo(json.dumps(_event_json(record), ensure_ascii=False, default=_jsonable) if as_json else describe(record))
+            click.echo(
+                json.dumps(_event_json(record), ensure_ascii=False, default=_jsonable) if as_json else describe(record)
+            )
 
         last = log.last_seq
         recent: list[Record] = []
@@ -749,7 +831,11 @@ def tail(session: str | None, count: int, once: bool, timeout: float | None, int
             lo = last
             while lo > 0 and len(recent) < count:
                 start = max(0, lo - window)
-                chunk = [r for r in log.events(after=start) if r.seq <= lo and (session is None or r.event.session == session)]
+                chunk = [
+                    r
+                    for r in log.events(after=start)
+                    if r.seq <= lo and (session is None or r.event.session == session)
+                ]
                 recent = chunk + recent
                 lo = start
                 window *= 4
@@ -779,10 +865,26 @@ def tail(session: str | None, count: int, once: bool, timeout: float | None, int
 
 @cli.command(name="import")
 @click.argument("file", type=click.Path(dir_okay=False, allow_dash=True))
-@click.option("--session", "session", metavar="SESSION", help="Session to import into (default: the file name without extension).")
-@click.option("--split", is_flag=True, help='Each {"messages": [...]} line (and each run of message lines) is its own session SESSION-1, SESSION-2, ... (numbered even when there is one).')
-@click.option("--replace", is_flag=True, help="Replace an existing transcript that the file does not extend (tombstone reason clear).")
-@click.option("--durability", type=click.Choice(["full", "process", "none"]), default="full", show_default=True, help="Sync mode of the write.")
+@click.option(
+    "--session", "session", metavar="SESSION", help="Session to import into (default: the file name without extension)."
+)
+@click.option(
+    "--split",
+    is_flag=True,
+    help='Each {"messages": [...]} line (and each run of message lines) is its own session SESSION-1, SESSION-2, ... (numbered even when there is one).',
+)
+@click.option(
+    "--replace",
+    is_flag=True,
+    help="Replace an existing transcript that the file does not extend (tombstone reason clear).",
+)
+@click.option(
+    "--durability",
+    type=click.Choice(["full", "process", "none"]),
+    default="full",
+    show_default=True,
+    help="Sync mode of the write.",
+)
 @click.option("--json", "as_json", is_flag=True, help="Print what was written as JSON.")
 def import_(file: str, session: str | None, split: bool, replace: bool, durability: str, as_json: bool) -> None:
     """Import messages from a JSON Lines FILE (- for stdin) into a session.
@@ -818,7 +920,13 @@ def import_(file: str, session: str | None, split: bool, replace: bool, durabili
                 "nothing was imported; pass --replace to replace the transcript, or choose another --session"
             )
     results = [
-        {"session": target, "messages": len(c.messages), "appended": written[target].appended, "tombstoned": written[target].tombstoned, "head": written[target].head}
+        {
+            "session": target,
+            "messages": len(c.messages),
+            "appended": written[target].appended,
+            "tombstoned": written[target].tombstoned,
+            "head": written[target].head,
+        }
         for target, c in targets.items()
     ]
     if as_json:
@@ -861,9 +969,25 @@ def recover(spill_dir: str, as_json: bool) -> None:
 
 @cli.command()
 @click.argument("session")
-@click.option("--format", "fmt", type=click.Choice(FORMATS), default="jsonl", show_default=True, help="jsonl: a message per line; openai: {\"messages\": [...]}; sharegpt: {\"conversations\": [...]}.")
-@click.option("-o", "--output", type=click.Path(dir_okay=False, allow_dash=True), default="-", show_default=True, help="File to write.")
-@click.option("--as-of", type=click.IntRange(min=0), metavar="SEQ", help="Export the transcript as it was right after event SEQ.")
+@click.option(
+    "--format",
+    "fmt",
+    type=click.Choice(FORMATS),
+    default="jsonl",
+    show_default=True,
+    help='jsonl: a message per line; openai: {"messages": [...]}; sharegpt: {"conversations": [...]}.',
+)
+@click.option(
+    "-o",
+    "--output",
+    type=click.Path(dir_okay=False, allow_dash=True),
+    default="-",
+    show_default=True,
+    help="File to write.",
+)
+@click.option(
+    "--as-of", type=click.IntRange(min=0), metavar="SEQ", help="Export the transcript as it was right after event SEQ."
+)
 @click.option("--repair", is_flag=True, help="Repair tool calls first (a result for every call, no orphan results).")
 def export(session: str, fmt: str, output: str, as_of: int | None, repair: bool) -> None:
     """Export the live transcript of SESSION as JSON Lines."""

@@ -85,7 +85,12 @@ def inspect(message: Any, index: int, *, encoded: bool = False) -> bool:
             private = True
             continue
         kind = type(item)
-        if (kind is str and item.isascii()) or item is None or kind is bool or (kind is int and -(2**63) <= item < 2**64):
+        if (
+            (kind is str and item.isascii())
+            or item is None
+            or kind is bool
+            or (kind is int and -(2**63) <= item < 2**64)
+        ):
             continue
         if not key.isascii() and not _utf8_ok(key):
             _raise([key], "key contains a lone surrogate", index)

@@ -178,7 +178,10 @@ class _Agent:
         self.leak_turn = leak_turn
         self.report = report
         self.messages: list[dict[str, Any]] = [
-            {"role": "system", "content": "You are a research assistant. Use tools to look things up; cite what you find."}
+            {
+                "role": "system",
+                "content": "You are a research assistant. Use tools to look things up; cite what you find.",
+            }
         ]
         self.calls = 0
         report.distinct += len(self.messages)
@@ -203,7 +206,9 @@ class _Agent:
 
     def turn(self, number: int) -> None:
         topic, meaning = TOPICS[number % len(TOPICS)]
-        self.add({"role": "user", "content": f"Question {number}: what is {topic}, and why does it matter for durable logs?"})
+        self.add(
+            {"role": "user", "content": f"Question {number}: what is {topic}, and why does it matter for durable logs?"}
+        )
         # Loop scaffolding: inserted for the loop's own recovery, removed again; never stored.
         scaffold = {"role": "assistant", "content": "", "_thinking_prefill": True}
         self.messages.append(scaffold)
@@ -216,8 +221,16 @@ class _Agent:
                 "role": "assistant",
                 "content": None,
                 "tool_calls": [
-                    {"id": lookup, "type": "function", "function": {"name": "search_docs", "arguments": f'{{"query": "{topic}"}}'}},
-                    {"id": calc, "type": "function", "function": {"name": "calculator", "arguments": f'{{"expression": "{number} * 4096"}}'}},
+                    {
+                        "id": lookup,
+                        "type": "function",
+                        "function": {"name": "search_docs", "arguments": f'{{"query": "{topic}"}}'},
+                    },
+                    {
+                        "id": calc,
+                        "type": "function",
+                        "function": {"name": "calculator", "arguments": f'{{"expression": "{number} * 4096"}}'},
+                    },
                 ],
             }
         )
@@ -318,7 +331,13 @@ def run_demo(
         at = len(agent.messages) - 1
         log.fork(MAIN, BRANCH, at=at)
         branch = log.messages(BRANCH)
-        branch.append({"role": "assistant", "content": "Another way to put it: durability is a promise about what survives a crash.", "finish_reason": "stop"})
+        branch.append(
+            {
+                "role": "assistant",
+                "content": "Another way to put it: durability is a promise about what survives a crash.",
+                "finish_reason": "stop",
+            }
+        )
         branch.append({"role": "user", "content": "That is clearer, thanks."})
         forked = log.flush(BRANCH, branch)
         log.close_session(BRANCH, reason="user_exit")
@@ -331,7 +350,9 @@ def run_demo(
             {
                 "role": "assistant",
                 "content": None,
-                "tool_calls": [{"id": pending, "type": "function", "function": {"name": "disk_usage", "arguments": "{}"}}],
+                "tool_calls": [
+                    {"id": pending, "type": "function", "function": {"name": "disk_usage", "arguments": "{}"}}
+                ],
             }
         )
         log.flush(MAIN, agent.messages)  # the error exit path, just before the process dies

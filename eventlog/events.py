@@ -11,7 +11,7 @@ payload Struct defined here.
 
 from __future__ import annotations
 
-from typing import Any, Final, Union
+from typing import Any, Final
 
 import msgspec
 
@@ -99,7 +99,7 @@ class MessageAnnotated(Event, tag=6):
     override: dict[str, Any]
 
 
-AnyEvent = Union[SessionOpened, MessagesAppended, MessagesTombstoned, SessionClosed, SessionUpdated, MessageAnnotated]
+AnyEvent = SessionOpened | MessagesAppended | MessagesTombstoned | SessionClosed | SessionUpdated | MessageAnnotated
 
 KIND: Final[dict[type, int]] = {
     SessionOpened: 1,
@@ -116,6 +116,7 @@ CARRIED: Final = msgspec.Raw(b"\xc0")
 
 REASONS: Final = ("rewind", "compaction", "edit", "clear")
 """Why messages were tombstoned."""
+
 
 class AppendedBodies(msgspec.Struct, tag=2, tag_field="k"):
     """A read-side view of :class:`MessagesAppended`: the bodies decoded to Python values, and digests.

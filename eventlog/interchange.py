@@ -33,7 +33,13 @@ from .errors import InvalidMessageError
 FORMATS = ("jsonl", "openai", "sharegpt")
 """The export formats, in the order the command line lists them."""
 
-SHAREGPT_ROLES = {"system": "system", "user": "human", "assistant": "gpt", "tool": "observation", "function": "observation"}
+SHAREGPT_ROLES = {
+    "system": "system",
+    "user": "human",
+    "assistant": "gpt",
+    "tool": "observation",
+    "function": "observation",
+}
 """Chat roles to ShareGPT ``from`` values (assistant tool calls become ``function_call`` turns)."""
 
 
@@ -89,13 +95,13 @@ def read_jsonl(text: str, *, name: str = "<input>", split: bool = False) -> list
             raise ImportFormatError(f"{where}: nested too deeply to read", line=number) from None
         if not isinstance(value, dict):
             raise ImportFormatError(
-                f"{where}: expected a JSON object (a message or {{\"messages\": [...]}}), found {_json_type(value)}",
+                f'{where}: expected a JSON object (a message or {{"messages": [...]}}), found {_json_type(value)}',
                 line=number,
             )
         if "messages" in value and not value.keys() & MESSAGE_KEYS:
             batch = value["messages"]
             if not isinstance(batch, list):
-                raise ImportFormatError(f"{where}: \"messages\" must be a list, found {_json_type(batch)}", line=number)
+                raise ImportFormatError(f'{where}: "messages" must be a list, found {_json_type(batch)}', line=number)
             for i, message in enumerate(batch):
                 if not isinstance(message, dict):
                     raise ImportFormatError(
@@ -179,7 +185,12 @@ def to_sharegpt(messages: Sequence[Mapping[str, Any]]) -> list[dict[str, str]]:
                         arguments = json.loads(arguments)
                     except ValueError:
                         pass
-                turns.append({"from": "function_call", "value": _dumps({"name": function.get("name", ""), "arguments": arguments})})
+                turns.append(
+                    {
+                        "from": "function_call",
+                        "value": _dumps({"name": function.get("name", ""), "arguments": arguments}),
+                    }
+                )
             continue
         turns.append({"from": SHAREGPT_ROLES.get(role, role or "unknown"), "value": text})
     return turns

@@ -9,7 +9,6 @@ import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any, TypeVar
 
-
 from . import codec
 from .codec import ZERO
 from .errors import InvalidMessageError
@@ -39,7 +38,6 @@ COUNTERS = frozenset(
 """Session metadata keys that add up across :meth:`EventLog.update_session` calls."""
 
 MAX_SESSION_ID_BYTES = 256
-
 
 
 def check_session_id(session_id: object) -> str:
@@ -356,9 +354,12 @@ class EventLog:
             # that in a read transaction, with no write lock and no sync.
             with store.read() as txn:
                 state = store.session(txn, session_id)
-                if state is not None and len(prepared.nodes) == state.length and (
-                    state.length == 0 or prepared.nodes[-1] == state.head
-                ) and not self._writer.pending_notes(txn, state, notes, prepared):
+                if (
+                    state is not None
+                    and len(prepared.nodes) == state.length
+                    and (state.length == 0 or prepared.nodes[-1] == state.head)
+                    and not self._writer.pending_notes(txn, state, notes, prepared)
+                ):
                     release(prepared)  # all of it is stored
                     return FlushResult(0, 0, state.length, _head_hex(state.length, state.head))
                 if state is None and not prepared.nodes:
@@ -421,7 +422,9 @@ class EventLog:
                 for turn in turns:
                     turn.users -= 1
 
-    def _flush_many(self, transcripts: Mapping[str, Sequence[Mapping[str, Any]]], replace: bool) -> dict[str, FlushResult]:
+    def _flush_many(
+        self, transcripts: Mapping[str, Sequence[Mapping[str, Any]]], replace: bool
+    ) -> dict[str, FlushResult]:
         store, writer = self._store, self._writer
         taken: dict[str, Prepared | None] = {}  # each session's cached entry, taken out as in flush
         prepared: dict[str, Prepared] = {}
@@ -429,11 +432,17 @@ class EventLog:
         try:
             for session_id, messages in transcripts.items():
                 if isinstance(messages, (str, bytes, Mapping)) or not isinstance(messages, Sequence):
-                    raise TypeError(f"session {session_id!r}: messages must be a list of message dicts, not {type(messages).__name__}")
+                    raise TypeError(
+                        f"session {session_id!r}: messages must be a list of message dicts, not {type(messages).__name__}"
+                    )
                 taken[session_id] = self._cache.take(session_id)
                 try:
                     prepared[session_id] = prepare(
-                        messages, taken[session_id], ephemeral=self._ephemeral, trust_identity=self._trust_identity, owned=True
+                        messages,
+                        taken[session_id],
+                        ephemeral=self._ephemeral,
+                        trust_identity=self._trust_identity,
+                        owned=True,
                     )
                 except InvalidMessageError as e:
                     raise InvalidMessageError(f"session {session_id!r}: {e}", index=e.index, path=e.path) from None
@@ -446,19 +455,27 @@ class EventLog:
                 for session_id, p in prepared.items()
             )
             if not wrote:
-                results = {session_id: FlushResult(0, 0, n, _head_hex(n, heads[session_id])) for session_id, n in lengths.items()}
+                results = {
+                    session_id: FlushResult(0, 0, n, _head_hex(n, heads[session_id]))
+                    for session_id, n in lengths.items()
+                }
             else:
 
                 def body(txn: Any) -> dict[str, FlushResult]:
                     now = time.time_ns()  # one time for the whole write: projections show all of it or none
-                    return {session_id: writer.flush(txn, session_id, p, {}, None, replace, now) for session_id, p in prepared.items()}
+                    return {
+                        session_id: writer.flush(txn, session_id, p, {}, None, replace, now)
+                        for session_id, p in prepared.items()
+                    }
 
                 store.reserve(sum(_room(p, lengths[session_id]) for session_id, p in prepared.items()))
                 try:
                     results = store.write(body)
                 except ChangedSince:  # as in flush: a message changed in place meanwhile; hash afresh
                     for session_id, messages in transcripts.items():
-                        prepared[session_id] = prepare(messages, None, ephemeral=self._ephemeral, trust_identity=self._trust_identity)
+                        prepared[session_id] = prepare(
+                            messages, None, ephemeral=self._ephemeral, trust_identity=self._trust_identity
+                        )
                     store.reserve(sum(_room(p, 0) for p in prepared.values()))
                     results = store.write(body)
             for p in prepared.values():
@@ -607,7 +624,9 @@ class EventLog:
         with self._store.read() as txn:
             return self._store.session(txn, session_id) is not None
 
-    def messages(self, session_id: str, *, as_of: int | None = None, repair_tool_calls: bool = False) -> list[dict[str, Any]]:
+    def messages(
+        self, session_id: str, *, as_of: int | None = None, repair_tool_calls: bool = False
+    ) -> list[dict[str, Any]]:
         """The live transcript as wire dicts, ready to resume the agent.
 
         Values come back JSON-like: a tuple that was flushed comes back as a list;
@@ -626,7 +645,11 @@ class EventLog:
                 with paused_gc(state.length):
                     reader = BodyReader(store, txn)
                     found = reader.appended(state)
-                    out = found if found is not None else reader.messages(store.locations(txn, state.number, state.length))
+                    out = (
+                        found
+                        if found is not None
+                        else reader.messages(store.locations(txn, state.number, state.length))
+                    )
             else:
                 occurrences, live = replay(store, txn, session_id, as_of)
                 reader = BodyReader(store, txn)
@@ -674,7 +697,9 @@ class EventLog:
                 # projection catches up on its next call.
                 logger.exception("projection %r failed to catch up", projection)
 
-    def _overrides(self, overrides: Mapping[int, Mapping[str, Any]] | None, prepared: Prepared) -> dict[int, dict[str, Any]]:
+    def _overrides(
+        self, overrides: Mapping[int, Mapping[str, Any]] | None, prepared: Prepared
+    ) -> dict[int, dict[str, Any]]:
         """Validate ``overrides`` and key them by position in the stored transcript."""
         if not overrides:
             return {}
@@ -684,7 +709,9 @@ class EventLog:
             if not isinstance(index, int) or isinstance(index, bool) or not 0 <= index < len(prepared.raw):
                 raise ValueError(f"overrides[{index!r}]: no such index in messages (0..{len(prepared.raw) - 1})")
             if not isinstance(override, Mapping):
-                raise InvalidMessageError(f"overrides[{index}]: {type(override).__name__} is not a mapping", index=index)
+                raise InvalidMessageError(
+                    f"overrides[{index}]: {type(override).__name__} is not a mapping", index=index
+                )
             position = position_of.get(index)
             if position is None:
                 raise ValueError(f"overrides[{index}]: messages[{index}] is scaffolding and is not stored")
@@ -692,6 +719,8 @@ class EventLog:
             try:
                 codec.check(body, index)
             except InvalidMessageError as e:
-                raise InvalidMessageError(str(e).replace("messages[", "overrides[", 1), index=index, path=e.path) from None
+                raise InvalidMessageError(
+                    str(e).replace("messages[", "overrides[", 1), index=index, path=e.path
+                ) from None
             out[position] = body
         return out

@@ -150,7 +150,9 @@ class Projector:
                         if self._streak == 0:
                             logger.exception("projection %r failed to catch up", projection)
                         else:
-                            logger.warning("projection %r still fails to catch up (%d rounds): %s", projection, self._streak + 1, e)
+                            logger.warning(
+                                "projection %r still fails to catch up (%d rounds): %s", projection, self._streak + 1, e
+                            )
                 with self._lock:
                     self._done = max(self._done, target)
                     self._failing = failing

@@ -10,12 +10,12 @@ from __future__ import annotations
 
 import copy
 import gc
-from hashlib import sha256
-from contextlib import contextmanager
 from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from hashlib import sha256
 from itertools import groupby
 from operator import itemgetter
-from dataclasses import dataclass, field
 from typing import Any, Final
 
 import lmdb
@@ -119,8 +119,11 @@ class BodyReader:
             bodies, digests = event.bodies, event.digests
             first, last = entries[0][2], entries[-1][2]
             wanted = b"".join([entry[0] for entry in entries])
-            if last - first == len(entries) - 1 and 0 <= first and last < len(bodies) and (
-                len(entries) == 1 or [entry[2] for entry in entries] == list(range(first, last + 1))
+            if (
+                last - first == len(entries) - 1
+                and 0 <= first
+                and last < len(bodies)
+                and (len(entries) == 1 or [entry[2] for entry in entries] == list(range(first, last + 1)))
             ):
                 chunk = bodies[first : last + 1]
                 stored = digests[32 * first : 32 * last + 32]
@@ -129,10 +132,14 @@ class BodyReader:
                 try:
                     chunk = [bodies[entry[2]] for entry in entries]
                 except IndexError:
-                    raise CorruptLogError(f"{self.store.path}: event {seq} has fewer messages than referenced") from None
+                    raise CorruptLogError(
+                        f"{self.store.path}: event {seq} has fewer messages than referenced"
+                    ) from None
                 stored = b"".join([digests[32 * entry[2] : 32 * entry[2] + 32] for entry in entries])
             if stored != wanted:
-                raise CorruptLogError(f"{self.store.path}: the live chain and event {seq} disagree on a message's digest")
+                raise CorruptLogError(
+                    f"{self.store.path}: the live chain and event {seq} disagree on a message's digest"
+                )
             if seq not in plain and set(map(type, chunk)) != {dict}:
                 raise CorruptLogError(f"{self.store.path}: a live message refers to a reference, not a body")
             out.extend(chunk)
@@ -171,7 +178,9 @@ class BodyReader:
         digest = sha256(SEQ.pack(seq))
         digest.update(raw)  # event_hash(seq, raw), without copying the event
         if digest.digest() != recorded:
-            raise CorruptLogError(f"{store.path}: event {seq} does not match its recorded hash; the log is damaged (run verify)")
+            raise CorruptLogError(
+                f"{store.path}: event {seq} does not match its recorded hash; the log is damaged (run verify)"
+            )
         return raw
 
     def _bodies(self, seq: int) -> ev.AppendedBodies:
@@ -277,7 +286,9 @@ def session_events(store: Store, txn: lmdb.Transaction, state: SessionState, upt
     return seqs
 
 
-def replay(store: Store, txn: lmdb.Transaction, session_id: str, upto: int | None = None) -> tuple[list[Occurrence], list[int]]:
+def replay(
+    store: Store, txn: lmdb.Transaction, session_id: str, upto: int | None = None
+) -> tuple[list[Occurrence], list[int]]:
     """Every occurrence of a session up to ``upto``, and the indices of the live ones by position.
 
     Bodies are not loaded here (``message`` stays empty); see :func:`fill`.  Each event is
@@ -423,7 +434,9 @@ def _repair_anthropic(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
     pending: list[str] = []  # tool_use ids of the assistant message right before
 
     def missing(ids: list[str]) -> list[dict[str, Any]]:
-        return [{"type": "tool_result", "tool_use_id": use_id, "content": NO_RESULT, "is_error": True} for use_id in ids]
+        return [
+            {"type": "tool_result", "tool_use_id": use_id, "content": NO_RESULT, "is_error": True} for use_id in ids
+        ]
 
     for message in messages:
         if message.get("role") == "user" and (pending or _blocks(message, "tool_result")):
@@ -488,7 +501,13 @@ def _repair_responses(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
             continue
         out.append(item)
         call_id = item.get("call_id")
-        if in_run and kind in _RESPONSES_OUTPUTS and isinstance(call_id, str) and call_id not in answered and call_id not in unanswered:
+        if (
+            in_run
+            and kind in _RESPONSES_OUTPUTS
+            and isinstance(call_id, str)
+            and call_id not in answered
+            and call_id not in unanswered
+        ):
             unanswered.append(call_id)
     out.extend({"type": calls[call_id], "call_id": call_id, "output": NO_RESULT} for call_id in unanswered)
     return out

@@ -166,7 +166,9 @@ def prepare(
             sizes = [len(part) for part in _parts(previous)]
             previous.raw.extend(given[reuse:])
             try:
-                return _extend(previous, reuse, previous.nodes[-1] if previous.nodes else ZERO, ephemeral, trust_identity, chain)
+                return _extend(
+                    previous, reuse, previous.nodes[-1] if previous.nodes else ZERO, ephemeral, trust_identity, chain
+                )
             except BaseException:
                 for part, size in zip(_parts(previous), sizes):
                     del part[size:]
@@ -198,7 +200,16 @@ def prepare(
 
 
 def _parts(prepared: Prepared) -> tuple[list[Any], ...]:
-    return (prepared.raw, prepared.kept, prepared.bodies, prepared.digests, prepared.nodes, prepared.fast, prepared.flags, prepared.copies)
+    return (
+        prepared.raw,
+        prepared.kept,
+        prepared.bodies,
+        prepared.digests,
+        prepared.nodes,
+        prepared.fast,
+        prepared.flags,
+        prepared.copies,
+    )
 
 
 def _extend(
@@ -219,14 +230,23 @@ def _extend(
     if not trust_identity and not seen:
         out.copies.extend([PENDING] * (len(raw) - len(out.copies)))
     copies_out = out.copies.append
-    if len(raw) - reuse >= BATCH_PATH and ephemeral is is_ephemeral and _extend_batch(out, reuse, parent, chain, copying):
+    if (
+        len(raw) - reuse >= BATCH_PATH
+        and ephemeral is is_ephemeral
+        and _extend_batch(out, reuse, parent, chain, copying)
+    ):
         return out
     # The per-message loop of every flush: locals and inlined checks on purpose.
     encode, inspect, strip = codec.encode, codec.inspect, codec.strip
     default_rule = ephemeral is is_ephemeral
     flags_seen = _FLAG_SET.isdisjoint
     fast_out, flags_out = out.fast.append, out.flags.append
-    kept_out, bodies_out, digests_out, nodes_out = out.kept.append, out.bodies.append, out.digests.append, out.nodes.append
+    kept_out, bodies_out, digests_out, nodes_out = (
+        out.kept.append,
+        out.bodies.append,
+        out.digests.append,
+        out.nodes.append,
+    )
     for index in range(reuse, len(raw)):
         message = raw[index]
         if copying:
@@ -440,7 +460,9 @@ def _copy(value: Any, depth: int) -> Any:
     if depth > MAX_DEPTH:
         raise _Uncopyable
     if kind is dict:
-        return {key: item if type(item) is str or item is None else _copy(item, depth + 1) for key, item in value.items()}
+        return {
+            key: item if type(item) is str or item is None else _copy(item, depth + 1) for key, item in value.items()
+        }
     if kind is list:
         return [item if type(item) is str or item is None else _copy(item, depth + 1) for item in value]
     if kind is tuple:
@@ -482,7 +504,9 @@ def _reusable(raw: list[Any], previous: Prepared | None, trust_identity: bool, o
             current = None
         known = fast[start]
         if known == RELEASED:
-            unchanged = current is not None and sha256(current).digest() == previous.digests[bisect_left(previous.kept, start)]
+            unchanged = (
+                current is not None and sha256(current).digest() == previous.digests[bisect_left(previous.kept, start)]
+            )
         else:
             unchanged = current is not None and current == known
         if not unchanged:

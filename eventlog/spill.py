@@ -223,7 +223,9 @@ class RecoveryReport:
         return not self.kept
 
 
-def read_spill(path: str | os.PathLike[str]) -> tuple[str, list[dict[str, Any]], dict[int, dict[str, Any]], bool, str | None]:
+def read_spill(
+    path: str | os.PathLike[str],
+) -> tuple[str, list[dict[str, Any]], dict[int, dict[str, Any]], bool, str | None]:
     """Parse a spill file: ``(session_id, messages, overrides, replace, base)``.
 
     ``base`` is the session's stored head when the list was spilled ("" for an

@@ -153,7 +153,16 @@ def translate(e: lmdb.Error, path: str) -> EventLogError:
         return ReadOnlyError(f"{path}: cannot write the log ({text})")
     if isinstance(e, lmdb.PanicError):  # this process's environment, not the files
         return EventLogError(f"{path}: LMDB stopped this process's use of the log ({text}); close and open it again")
-    if isinstance(e, (lmdb.CorruptedError, lmdb.PageNotFoundError, lmdb.InvalidError, lmdb.VersionMismatchError, lmdb.BadChecksumError)):
+    if isinstance(
+        e,
+        (
+            lmdb.CorruptedError,
+            lmdb.PageNotFoundError,
+            lmdb.InvalidError,
+            lmdb.VersionMismatchError,
+            lmdb.BadChecksumError,
+        ),
+    ):
         return CorruptLogError(f"{path}: the log's files are damaged ({type(e).__name__}: {text})")
     return EventLogError(f"{path}: {type(e).__name__}: {text}")
 
@@ -200,7 +209,9 @@ class Store:
             # This directory held a log (the marker is written once it exists), so an empty
             # or missing data file is damage; LMDB would quietly start a new, empty log.
             size = os.path.getsize(data) if os.path.exists(data) else 0
-            raise CorruptLogError(f"{data}: the data file is missing or truncated ({size} bytes); restore it from a backup")
+            raise CorruptLogError(
+                f"{data}: the data file is missing or truncated ({size} bytes); restore it from a backup"
+            )
         for _ in range(100):
             try:
                 self.env = lmdb.open(
@@ -340,7 +351,9 @@ class Store:
         needed = (info["last_pgno"] + 1) * self.env.stat()["psize"]
         size = os.path.getsize(data) if os.path.exists(data) else 0
         if size < needed:
-            raise CorruptLogError(f"{data}: the data file is truncated ({size} bytes, {needed} in use); restore it from a backup")
+            raise CorruptLogError(
+                f"{data}: the data file is truncated ({size} bytes, {needed} in use); restore it from a backup"
+            )
 
     def _check_identity(self) -> None:
         """Refuse to write when the log's files were replaced or removed under this process."""
@@ -485,7 +498,9 @@ class Store:
                     for other in group:
                         if not other.done:
                             other.abandoned = True  # taken, even if the interrupt came before the del
-                    _fail([r for r in group if not r.done], e if isinstance(e, Exception) else _not_written(self.path, e))
+                    _fail(
+                        [r for r in group if not r.done], e if isinstance(e, Exception) else _not_written(self.path, e)
+                    )
                     raise
                 finally:
                     for other in group:
@@ -545,7 +560,10 @@ class Store:
     def _commit_group(self, group: list[_Request]) -> None:
         """Run every request of ``group`` in one write transaction and commit once."""
         if any(request.abandoned for request in group):  # callers interrupted before a group took them
-            _fail([r for r in group if r.abandoned], EventLogError(f"{self.path}: the write was abandoned before it was committed"))
+            _fail(
+                [r for r in group if r.abandoned],
+                EventLogError(f"{self.path}: the write was abandoned before it was committed"),
+            )
             group = [r for r in group if not r.abandoned]
             if not group:
                 return
@@ -740,9 +758,7 @@ class Store:
         grown = current * 2 if current < 4096 * MIB else current + current // 4
         if self.max_map_size is not None:
             if current >= self.max_map_size:
-                raise StorageFullError(
-                    f"{self.path}: the log reached its maximum size of {self.max_map_size} bytes"
-                )
+                raise StorageFullError(f"{self.path}: the log reached its maximum size of {self.max_map_size} bytes")
             grown = min(grown, self.max_map_size)
         return grown
 
@@ -776,7 +792,9 @@ class Store:
                 raise CorruptLogError(f"{self.path}: session {session_id!r} has no state in the index")
             return SessionState.unpack(number, state)
         except struct.error:
-            raise CorruptLogError(f"{self.path}: session {session_id!r} has a damaged entry in the index (run verify)") from None
+            raise CorruptLogError(
+                f"{self.path}: session {session_id!r} has a damaged entry in the index (run verify)"
+            ) from None
 
     def link(self, txn: lmdb.Transaction, number: int, position: int) -> tuple[bytes, bytes, int, int]:
         raw = txn.get(chain_key(number, position), db=self.index)
@@ -849,7 +867,7 @@ class Store:
 class _Request:
     """A write waiting for (or done by) a group commit."""
 
-    __slots__ = ("body", "done", "lead", "abandoned", "woken", "result", "error", "wake")
+    __slots__ = ("abandoned", "body", "done", "error", "lead", "result", "wake", "woken")
 
     def __init__(self, body: Callable[[lmdb.Transaction], object]) -> None:
         self.body = body
@@ -916,7 +934,7 @@ class Batch:
     its session.  It runs inside the caller's write transaction.
     """
 
-    __slots__ = ("store", "txn", "seq", "hash", "now")
+    __slots__ = ("hash", "now", "seq", "store", "txn")
 
     def __init__(self, store: Store, txn: lmdb.Transaction, now: int | None = None) -> None:
         self.store = store
@@ -970,7 +988,9 @@ class Batch:
         number = SEQ.unpack(raw)[0] if raw is not None else 1
         if self.txn.get(state_key(number), db=self.store.index) is not None:
             # A counter moved back would give a new session another one's messages.
-            raise CorruptLogError(f"{self.store.path}: the session counter names session number {number}, which is taken (run verify)")
+            raise CorruptLogError(
+                f"{self.store.path}: the session counter names session number {number}, which is taken (run verify)"
+            )
         self.txn.put(b"next_sid", SEQ.pack(number + 1), db=self.store.meta)
         return number
 
@@ -993,4 +1013,3 @@ def iter_events(store: Store, after: int = 0, batch: int = 1024) -> Iterator[Rec
         if len(chunk) < batch:
             return
         nxt = chunk[-1][0] + 1
-

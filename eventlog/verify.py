@@ -107,14 +107,25 @@ def verify(store: Store, *, progress: Callable[[int, int], None] | None = None, 
             if ev.KIND[type(event)] != kind:
                 problems.append(Problem(seq, f"envelope kind {kind} does not match the payload"))
             if before != last_of.get(event.session, 0):
-                problems.append(Problem(seq, f"envelope does not link to the previous event of session {event.session!r}"))
+                problems.append(
+                    Problem(seq, f"envelope does not link to the previous event of session {event.session!r}")
+                )
             if isinstance(event, ev.SessionOpened) and event.session not in numbers:
                 if number in owners:
-                    problems.append(Problem(seq, f"session {event.session!r} opened as number {number}, which {owners[number]!r} has"))
+                    problems.append(
+                        Problem(
+                            seq, f"session {event.session!r} opened as number {number}, which {owners[number]!r} has"
+                        )
+                    )
                 numbers[event.session] = number
                 owners.setdefault(number, event.session)
             elif numbers.get(event.session, number) != number:
-                problems.append(Problem(seq, f"envelope names session number {number}; session {event.session!r} is {numbers[event.session]}"))
+                problems.append(
+                    Problem(
+                        seq,
+                        f"envelope names session number {number}; session {event.session!r} is {numbers[event.session]}",
+                    )
+                )
             hashes.pop(last_of.get(event.session, 0), None)
             last_of[event.session] = seq
             hashes[seq] = prev_hash
@@ -176,16 +187,26 @@ def _check_event(
             if where is None:
                 report.messages += 1
                 if sha256(bytes(event.bodies[i])).digest() != digest:
-                    problems.append(Problem(seq, f"message {i} (position {event.position + i}): body does not match its content digest"))
+                    problems.append(
+                        Problem(
+                            seq, f"message {i} (position {event.position + i}): body does not match its content digest"
+                        )
+                    )
                 location = (seq, i)
             else:
                 ref_seq, ref_index = where
                 ref = digests.get(ref_seq)
                 if ref is None or ref[32 * ref_index : 32 * ref_index + 32] != digest:
-                    problems.append(Problem(seq, f"message {i}: carried body ({ref_seq}, {ref_index}) is missing or differs"))
+                    problems.append(
+                        Problem(seq, f"message {i}: carried body ({ref_seq}, {ref_index}) is missing or differs")
+                    )
                 location = (ref_seq, ref_index)
             if sha256(parent + digest).digest() != node:
-                problems.append(Problem(seq, f"message {i} (position {event.position + i}): node digest does not chain from its parent"))
+                problems.append(
+                    Problem(
+                        seq, f"message {i} (position {event.position + i}): node digest does not chain from its parent"
+                    )
+                )
             chain.append((node, digest, location[0], location[1]))
             parent = node
     elif isinstance(event, ev.MessagesTombstoned):
@@ -198,7 +219,9 @@ def _check_event(
             problems.append(Problem(seq, f"annotation of position {event.position} names a node that is not live"))
 
 
-def _track_notes(event: ev.AnyEvent, chains: dict[str, list[tuple[bytes, bytes, int, int]]], notes: dict[str, dict[int, bytes]]) -> None:
+def _track_notes(
+    event: ev.AnyEvent, chains: dict[str, list[tuple[bytes, bytes, int, int]]], notes: dict[str, dict[int, bytes]]
+) -> None:
     """Follow the display overrides the index holds for ``event``'s session (after :func:`_check_event`)."""
     session = event.session
     if isinstance(event, ev.SessionOpened):
@@ -220,7 +243,7 @@ def _track_notes(event: ev.AnyEvent, chains: dict[str, list[tuple[bytes, bytes, 
 
 def _check_indexes(
     store: Store,
-    txn,  # noqa: ANN001
+    txn,
     chains: dict[str, list[tuple[bytes, bytes, int, int]]],
     notes: dict[str, dict[int, bytes]],
     numbers: dict[str, int],
@@ -237,7 +260,9 @@ def _check_indexes(
         if session not in chains:
             problems.append(Problem(0, f"index: session {session!r} has no events"))
         elif len(raw) != SEQ.size or SEQ.unpack(raw)[0] != numbers.get(session):
-            problems.append(Problem(0, f"index: session {session!r} is indexed under another number than its events give it"))
+            problems.append(
+                Problem(0, f"index: session {session!r} is indexed under another number than its events give it")
+            )
         else:
             indexed[numbers[session]] = session
     if seen != len(chains):
@@ -253,7 +278,9 @@ def _check_indexes(
         if current in indexed:
             session = indexed[current]
             checked.add(current)
-            _check_session(session, current, entries, chains[session], notes.get(session, {}), last_of, hashes, problems)
+            _check_session(
+                session, current, entries, chains[session], notes.get(session, {}), last_of, hashes, problems
+            )
 
     for key, value in txn.cursor(db=store.index):
         number = int.from_bytes(key[:8], "big")
@@ -290,7 +317,9 @@ def _check_session(
     prefix = SEQ.pack(number)
     state_raw = entries.pop(prefix + b"h", None)
     if state_raw is None or len(state_raw) != STATE.size:
-        problems.append(Problem(0, f"index: session {session!r} has {'no' if state_raw is None else 'a damaged'} state"))
+        problems.append(
+            Problem(0, f"index: session {session!r} has {'no' if state_raw is None else 'a damaged'} state")
+        )
         return
     state = SessionState.unpack(number, state_raw)
     head = chain[-1][0] if chain else ZERO
@@ -298,7 +327,12 @@ def _check_session(
         problems.append(Problem(0, f"index: session {session!r} length/head differ from its events"))
     elif state.last_seq != last_of.get(session):
         # A missing last event (a truncated log) shows up here too.
-        problems.append(Problem(0, f"index: session {session!r} says its last event is {state.last_seq}, the log says {last_of.get(session)}"))
+        problems.append(
+            Problem(
+                0,
+                f"index: session {session!r} says its last event is {state.last_seq}, the log says {last_of.get(session)}",
+            )
+        )
     elif state.last_hash != hashes.get(state.last_seq):
         # The newest events are named by no later event: their session state anchors them.
         problems.append(Problem(state.last_seq, f"does not hash to what session {session!r} recorded for it"))

@@ -52,7 +52,11 @@ class FlushResult:
 
 
 def _kept_notes(
-    old_notes: dict[int, tuple[bytes, dict[str, Any]]], old_digests: list[bytes], k: int, digests: list[bytes], length: int
+    old_notes: dict[int, tuple[bytes, dict[str, Any]]],
+    old_digests: list[bytes],
+    k: int,
+    digests: list[bytes],
+    length: int,
 ) -> dict[int, dict[str, Any]]:
     """The display overrides that tombstoned positions ``k..`` (content ``old_digests``) hand
     on to the messages that come back at new positions ``k..length-1`` (content ``digests``).
@@ -128,7 +132,9 @@ class Writer:
         batch.save(session_id, state)
         return FlushResult(0, count, to, _head_hex(state.length, state.head))
 
-    def compact(self, txn: lmdb.Transaction, session_id: str, start: int, end: int, prepared: Prepared, expected: bytes | None) -> FlushResult:
+    def compact(
+        self, txn: lmdb.Transaction, session_id: str, start: int, end: int, prepared: Prepared, expected: bytes | None
+    ) -> FlushResult:
         """Replace ``[start, end)`` with the summary and carry everything after ``end``."""
         state = self.require(txn, session_id)
         seen = state.length
@@ -139,9 +145,7 @@ class Writer:
                     f"session {session_id!r}: expected head {expected.hex()} is not in the live transcript"
                 )
         if not (isinstance(start, int) and isinstance(end, int) and 0 <= start <= end <= seen):
-            raise ValueError(
-                f"compact start={start!r}, end={end!r}: must satisfy 0 <= start <= end <= {seen}"
-            )
+            raise ValueError(f"compact start={start!r}, end={end!r}: must satisfy 0 <= start <= end <= {seen}")
         batch = Batch(self.store, txn)
         length = state.length
         tail = self.store.links(txn, state.number, end, length)
@@ -157,8 +161,15 @@ class Writer:
             if end + i in old_notes and old_notes[end + i][0] == link[0]
         }
         self.append_messages(
-            batch, session_id, state, bodies, digests, nodes, carried,
-            {i: note for i, (_, note) in notes.items()}, len(prepared.bodies),
+            batch,
+            session_id,
+            state,
+            bodies,
+            digests,
+            nodes,
+            carried,
+            {i: note for i, (_, note) in notes.items()},
+            len(prepared.bodies),
         )
         batch.save(session_id, state)
         return FlushResult(len(nodes), length - start, start, _head_hex(state.length, state.head))
@@ -184,7 +195,9 @@ class Writer:
         batch.save(new_id, state)
         return FlushResult(0, 0, shared, _head_hex(shared, head))
 
-    def update(self, txn: lmdb.Transaction, session_id: str, plain: dict[str, Any], counters: dict[str, float | int]) -> None:
+    def update(
+        self, txn: lmdb.Transaction, session_id: str, plain: dict[str, Any], counters: dict[str, float | int]
+    ) -> None:
         """Record session metadata (opening the session when it is new)."""
         batch = Batch(self.store, txn)
         state = self.store.session(txn, session_id) or self.open_session(batch, session_id)
@@ -205,7 +218,9 @@ class Writer:
             raise UnknownSessionError(f"no session {session_id!r} in {self.store.path}")
         return state
 
-    def pending_notes(self, txn: lmdb.Transaction, state: SessionState, notes: dict[int, dict[str, Any]], prepared: Prepared) -> dict[int, dict[str, Any]]:
+    def pending_notes(
+        self, txn: lmdb.Transaction, state: SessionState, notes: dict[int, dict[str, Any]], prepared: Prepared
+    ) -> dict[int, dict[str, Any]]:
         """The overrides for stored positions that differ from what is recorded."""
         pending: dict[int, dict[str, Any]] = {}
         for position, note in notes.items():
@@ -217,7 +232,9 @@ class Writer:
                 pending[position] = note
         return pending
 
-    def notes_in(self, txn: lmdb.Transaction, number: int, start: int, stop: int) -> dict[int, tuple[bytes, dict[str, Any]]]:
+    def notes_in(
+        self, txn: lmdb.Transaction, number: int, start: int, stop: int
+    ) -> dict[int, tuple[bytes, dict[str, Any]]]:
         """Recorded overrides for positions ``start..stop-1``: position -> (node, override)."""
         found: dict[int, tuple[bytes, dict[str, Any]]] = {}
         cursor = txn.cursor(db=self.store.index)
@@ -230,7 +247,9 @@ class Writer:
             try:
                 found[SEQ.unpack(key[9:])[0]] = (value[:32], codec.decode(value[32:]))
             except (struct.error, msgspec.DecodeError):
-                raise CorruptLogError(f"{self.store.path}: a display override of session {number} is damaged (run verify)") from None
+                raise CorruptLogError(
+                    f"{self.store.path}: a display override of session {number} is damaged (run verify)"
+                ) from None
         return found
 
     def flush(
@@ -318,9 +337,13 @@ class Writer:
                         note = kept_notes.get(position)  # a carried message keeps its display override
                     if note is not None:
                         batch_notes[i] = note
-            self.append_messages(batch, session_id, state, bodies, prepared.digests[k:], nodes[k:], carried, batch_notes, summaries)
+            self.append_messages(
+                batch, session_id, state, bodies, prepared.digests[k:], nodes[k:], carried, batch_notes, summaries
+            )
         for position, note in sorted(annotate.items()):
-            batch.emit(ev.MessageAnnotated(session=session_id, position=position, node=nodes[position], override=note), state)
+            batch.emit(
+                ev.MessageAnnotated(session=session_id, position=position, node=nodes[position], override=note), state
+            )
             txn.put(note_key(state.number, position), nodes[position] + codec.encode(note), db=store.index)
         batch.save(session_id, state)
         return FlushResult(len(nodes) - k, tombstoned, k, _head_hex(state.length, state.head))
@@ -361,7 +384,9 @@ class Writer:
         store, txn = self.store, batch.txn
         links = store.links(txn, state.number, position, state.length)
         batch.emit(
-            ev.MessagesTombstoned(session=session_id, position=position, nodes=b"".join(link[0] for link in links), reason=reason),
+            ev.MessagesTombstoned(
+                session=session_id, position=position, nodes=b"".join(link[0] for link in links), reason=reason
+            ),
             state,
         )
         for offset in range(len(links)):
@@ -410,7 +435,11 @@ class Writer:
         summaries: int,
     ) -> None:
         store, txn = self.store, batch.txn
-        raw_bodies = [ev.CARRIED if i in carried else msgspec.Raw(body) for i, body in enumerate(bodies)] if carried else list(map(msgspec.Raw, bodies))
+        raw_bodies = (
+            [ev.CARRIED if i in carried else msgspec.Raw(body) for i, body in enumerate(bodies)]
+            if carried
+            else list(map(msgspec.Raw, bodies))
+        )
         seq = batch.emit(
             ev.MessagesAppended(
                 session=session_id,
@@ -464,7 +493,9 @@ class Writer:
                 return SEQ.unpack(key[9:])[0] + 1
         return None
 
-    def find_retry(self, txn: lmdb.Transaction, state: SessionState | None, expected: bytes, prepared: Prepared) -> int | None:
+    def find_retry(
+        self, txn: lmdb.Transaction, state: SessionState | None, expected: bytes, prepared: Prepared
+    ) -> int | None:
         """If ``prepared`` already follows ``expected`` in the live chain, the position where it ends."""
         if state is None:
             return None
@@ -489,5 +520,3 @@ def _chain(parent: bytes, digests: list[bytes]) -> list[bytes]:
 
 def _is_summary(message: Any) -> bool:
     return isinstance(message, Mapping) and bool(message.get(SUMMARY_KEY))
-
-

@@ -38,9 +38,7 @@ ROW_COLUMNS: Final = (
     "created_ns",
     *DERIVED,
 )
-INSERT_ROW: Final = (
-    f"INSERT INTO messages ({', '.join(ROW_COLUMNS)}) VALUES ({', '.join('?' * len(ROW_COLUMNS))})"
-)
+INSERT_ROW: Final = f"INSERT INTO messages ({', '.join(ROW_COLUMNS)}) VALUES ({', '.join('?' * len(ROW_COLUMNS))})"
 
 SESSION_COLUMNS: Final = (
     "id",
@@ -69,15 +67,22 @@ SESSION_COLUMNS: Final = (
     "cost_usd",
 )
 SAVE_SESSION: Final = (
-    f"INSERT OR REPLACE INTO sessions ({', '.join(SESSION_COLUMNS)}) "
-    f"VALUES ({', '.join('?' * len(SESSION_COLUMNS))})"
+    f"INSERT OR REPLACE INTO sessions ({', '.join(SESSION_COLUMNS)}) VALUES ({', '.join('?' * len(SESSION_COLUMNS))})"
 )
 # Where a session row (a list in SESSION_COLUMNS order) keeps each field.
 PARENT, FORK_AT, CLOSED_SEQ, CLOSED_NS, CLOSE_REASON, COUNT, HEAD, LAST_SEQ, METADATA, COUNTERS = (
     SESSION_COLUMNS.index(name)
     for name in (
-        "parent_id", "fork_position", "closed_seq", "closed_ns", "close_reason",
-        "message_count", "head_node", "last_seq", "metadata", "counters",
+        "parent_id",
+        "fork_position",
+        "closed_seq",
+        "closed_ns",
+        "close_reason",
+        "message_count",
+        "head_node",
+        "last_seq",
+        "metadata",
+        "counters",
     )
 )
 COUNTER_COLUMNS: Final = frozenset(SESSION_COLUMNS[16:])
@@ -196,7 +201,9 @@ class Applier:
     before must :meth:`settle` before it rolls back.
     """
 
-    def __init__(self, db: sqlite3.Connection, indexed_upto: int, *, fresh: bool = False, background: bool = False) -> None:
+    def __init__(
+        self, db: sqlite3.Connection, indexed_upto: int, *, fresh: bool = False, background: bool = False
+    ) -> None:
         self.db = Connection(db)
         self.background = background
         self.indexed_upto = indexed_upto
@@ -432,7 +439,9 @@ class Applier:
             self.indexed_upto = index_pending(self.db, self.indexed_upto, self.db.later if self.background else None)
 
 
-def index_pending(db: sqlite3.Connection | Connection, indexed_upto: int, run: Callable[[str, Any], object] | None = None) -> int:
+def index_pending(
+    db: sqlite3.Connection | Connection, indexed_upto: int, run: Callable[[str, Any], object] | None = None
+) -> int:
     """Add the live rows above ``indexed_upto`` to the search index; return the new mark.
 
     Runs inside the caller's transaction, which also records the returned mark.  Given

@@ -38,7 +38,8 @@ MIGRATIONS: dict[int, str] = {
 A new file is created at :data:`VERSION` from :data:`SCHEMA` directly.
 """
 
-SCHEMA: Final = """
+SCHEMA: Final = (
+    """
 CREATE TABLE checkpoint (
     id            INTEGER PRIMARY KEY CHECK (id = 1),
     log_id        TEXT,                       -- hex id of the projected log (NULL until first catch-up)
@@ -47,7 +48,9 @@ CREATE TABLE checkpoint (
     last_hash     BLOB                        -- hash of event last_seq: the next one must chain to it
 );
 INSERT INTO checkpoint (id) VALUES (1);
-""" + _FORGET_STALE_HASH + """
+"""
+    + _FORGET_STALE_HASH
+    + """
 CREATE TABLE sessions (
     id                 TEXT PRIMARY KEY,
     parent_id          TEXT,              -- the session this one was forked from
@@ -129,6 +132,7 @@ CREATE VIRTUAL TABLE messages_fts USING fts5 (
 -- Small transactions are unaffected: the hash is flushed at every commit.
 INSERT INTO messages_fts (messages_fts, rank) VALUES ('hashsize', 67108864);
 """
+)
 
 OBJECTS: Final = ("messages_fts", "live_messages", "messages", "sessions", "checkpoint")
 
@@ -178,9 +182,7 @@ def migrate(db: sqlite3.Connection, path: str) -> None:
     try:
         current = version(db)  # another process may have migrated meanwhile
         if current > VERSION:
-            raise SchemaVersionError(
-                f"{path}: projection schema version {current} is newer than this code's {VERSION}"
-            )
+            raise SchemaVersionError(f"{path}: projection schema version {current} is newer than this code's {VERSION}")
         if current == 0:
             refuse_foreign(db, path)
             create(db)

@@ -431,9 +431,7 @@ class SQLiteProjection:
             yield chunk
 
     def _checkpoint(self) -> tuple[str | None, int, int]:
-        owner, last, indexed = self._db.execute(
-            "SELECT log_id, last_seq, indexed_upto FROM checkpoint"
-        ).fetchone()
+        owner, last, indexed = self._db.execute("SELECT log_id, last_seq, indexed_upto FROM checkpoint").fetchone()
         return owner, last, indexed
 
     def _mismatch(self, owner: str, log_id: str) -> LogMismatchError:

@@ -336,7 +336,9 @@ def run(
 
             def fresh(uids: list[str]) -> bool:
                 return all(
-                    u.startswith(s + "|") and (int(u.split("|")[1]) >= since.get((w, s), 0) or u in retried) and u not in want
+                    u.startswith(s + "|")
+                    and (int(u.split("|")[1]) >= since.get((w, s), 0) or u in retried)
+                    and u not in want
                     for u in uids
                 )
 
@@ -363,7 +365,9 @@ def run(
                 pending[w].pop(s, None)
                 p, uids = line["p"], line["u"]
                 if p > len(model[s]):
-                    result.problems.append(f"{s}: acknowledged a write at position {p} after only {len(model[s])} messages")
+                    result.problems.append(
+                        f"{s}: acknowledged a write at position {p} after only {len(model[s])} messages"
+                    )
                 chain = model[s][:p] + uids
                 model[s] = chain
                 if line["n"] != len(chain):
@@ -391,7 +395,9 @@ def run(
             projector.kill()
             code = projector.popen.returncode
             if code != -signal.SIGKILL:
-                result.problems.append(f"projector exited with {code} before it was killed: {_last_error(workdir / 'projector.err')}")
+                result.problems.append(
+                    f"projector exited with {code} before it was killed: {_last_error(workdir / 'projector.err')}"
+                )
             result.projector_kills += 1
             projector = start_projector()
         else:
@@ -403,12 +409,18 @@ def run(
             if code != -signal.SIGKILL:
                 # Keep going (a writer that failed is restarted like a killed one) so one
                 # run reports every failure; the run still fails.
-                result.problems.append(f"writer {victim} exited with {code} before it was killed: {_last_error(workdir / f'writer{victim}.err')}")
+                result.problems.append(
+                    f"writer {victim} exited with {code} before it was killed: {_last_error(workdir / f'writer{victim}.err')}"
+                )
             result.writer_kills += 1
             procs[victim] = start_writer(victim)
         result.kills += 1
         if progress and (i + 1) % 100 == 0:
-            print(f"  {durability}: {i + 1} kills, {result.messages_acked} messages acknowledged", file=sys.stderr, flush=True)
+            print(
+                f"  {durability}: {i + 1} kills, {result.messages_acked} messages acknowledged",
+                file=sys.stderr,
+                flush=True,
+            )
 
     # Stop everything, then let each writer finish a short clean round so the final
     # state of every session is acknowledged.
@@ -427,7 +439,9 @@ def run(
             code = None
         absorb(w, proc)
         if code != 0:
-            result.problems.append(f"writer {w} final round exited with {code}: {_last_error(workdir / f'writer{w}.err')}")
+            result.problems.append(
+                f"writer {w} final round exited with {code}: {_last_error(workdir / f'writer{w}.err')}"
+            )
             settled = False
     if not settled:  # the final state is not known: nothing to check against
         result.seconds = time.monotonic() - started
@@ -481,8 +495,8 @@ def _check(
                 first = next((i for i, (w, got) in enumerate(zip(want, live)) if w != got), min(len(live), len(want)))
                 problems.append(
                     f"{s}: live transcript differs from the acknowledged one at position {first} "
-                    f"(live {len(live)}, acknowledged {len(want)}; live has {live[first:first + 3]}, "
-                    f"acknowledged {want[first:first + 3]}; history there: "
+                    f"(live {len(live)}, acknowledged {len(want)}; live has {live[first : first + 3]}, "
+                    f"acknowledged {want[first : first + 3]}; history there: "
                     f"{[(o.position, o.message.get('uid'), o.seq, o.origin, o.tombstone) for o in history if o.position == first]})"
                 )
             if len(set(live)) != len(live):
@@ -538,7 +552,9 @@ def _check_projection(path: Path, durability: str, db: Path, rebuilt: Path, resu
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--kills", type=int, default=1000, help="SIGKILLs to deliver (default 1000)")
     parser.add_argument("--durability", default="full", choices=[*MODES, "all"])
     parser.add_argument("--writers", type=int, default=3)
@@ -561,19 +577,44 @@ def main(argv: list[str] | None = None) -> int:
     base = Path(args.workdir) if args.workdir else Path(tempfile.mkdtemp(prefix="crash-harness-"))
     results = []
     for mode in modes:
-        print(f"{mode}: {args.kills} kills, {args.writers} writers x {args.sessions} sessions, seed {seed}", file=sys.stderr, flush=True)
+        print(
+            f"{mode}: {args.kills} kills, {args.writers} writers x {args.sessions} sessions, seed {seed}",
+            file=sys.stderr,
+            flush=True,
+        )
         outcome = run(
-            base / mode, durability=mode, kills=args.kills, writers=args.writers, sessions_per_writer=args.sessions,
-            seed=seed, max_delay=args.max_delay, projection=False if args.no_projection else None, progress=True,
+            base / mode,
+            durability=mode,
+            kills=args.kills,
+            writers=args.writers,
+            sessions_per_writer=args.sessions,
+            seed=seed,
+            max_delay=args.max_delay,
+            projection=False if args.no_projection else None,
+            progress=True,
         )
         results.append(outcome)
-    print(f"{'mode':8} {'kills':>6} {'writer':>7} {'mid-w':>6} {'proj.':>6} {'acks':>7} {'retries':>7} {'msgs acked':>10} {'live checked':>12} {'events':>8} {'secs':>7}  result")
+    print(
+        f"{'mode':8} {'kills':>6} {'writer':>7} {'mid-w':>6} {'proj.':>6} {'acks':>7} {'retries':>7} {'msgs acked':>10} {'live checked':>12} {'events':>8} {'secs':>7}  result"
+    )
     for r in results:
         verdict = "OK" if r.ok else "FAILED: " + "; ".join(r.problems[:5])
-        print(f"{r.durability:8} {r.kills:6} {r.writer_kills:7} {r.mid_write_kills:6} {r.projector_kills:6} {r.acks:7} {r.retries:7} {r.messages_acked:10} {r.messages_checked:12} {r.events:8} {r.seconds:7.1f}  {verdict}")
+        print(
+            f"{r.durability:8} {r.kills:6} {r.writer_kills:7} {r.mid_write_kills:6} {r.projector_kills:6} {r.acks:7} {r.retries:7} {r.messages_acked:10} {r.messages_checked:12} {r.events:8} {r.seconds:7.1f}  {verdict}"
+        )
         print(f"{'':8} projection: {r.projection}")
     if args.json:
-        Path(args.json).write_text(json.dumps({"seed": seed, "python": sys.version.split()[0], "results": [asdict(r) | {"ok": r.ok} for r in results]}, indent=2) + "\n")
+        Path(args.json).write_text(
+            json.dumps(
+                {
+                    "seed": seed,
+                    "python": sys.version.split()[0],
+                    "results": [asdict(r) | {"ok": r.ok} for r in results],
+                },
+                indent=2,
+            )
+            + "\n"
+        )
     ok = all(r.ok for r in results)
     if ok and not args.workdir:
         shutil.rmtree(base, ignore_errors=True)

@@ -63,16 +63,38 @@ def worker(path: str, durability: str, proc: int, sessions: int, seconds: float,
             if len(current) > 200:
                 current = lists[s] = current[: rng.randint(1, 50)]
             elif roll < 0.8:
-                current.append({"role": "user" if len(current) % 2 else "assistant", "content": f"{s} turn {len(current)} " + "x" * rng.randint(50, 1500)})
+                current.append(
+                    {
+                        "role": "user" if len(current) % 2 else "assistant",
+                        "content": f"{s} turn {len(current)} " + "x" * rng.randint(50, 1500),
+                    }
+                )
             t0 = time.perf_counter()
             result = log.flush(s, current)
             latencies.append(time.perf_counter() - t0)
             written += result.appended
         final = {s: len(v) for s, v in lists.items()}
-    out.put({"proc": proc, "latencies": latencies, "written": written, "rss_warm": rss_warm or _rss_mb(), "rss_end": _rss_mb(), "final": final})
+    out.put(
+        {
+            "proc": proc,
+            "latencies": latencies,
+            "written": written,
+            "rss_warm": rss_warm or _rss_mb(),
+            "rss_end": _rss_mb(),
+            "final": final,
+        }
+    )
 
 
-def run(workdir: str | os.PathLike[str], *, procs: int = 8, sessions: int = 4, seconds: float = 10.0, durability: str = "full", seed: int = 0) -> dict[str, Any]:
+def run(
+    workdir: str | os.PathLike[str],
+    *,
+    procs: int = 8,
+    sessions: int = 4,
+    seconds: float = 10.0,
+    durability: str = "full",
+    seed: int = 0,
+) -> dict[str, Any]:
     """Run the soak in ``workdir`` and return the figures and the problems found."""
     from eventlog import EventLog
 
@@ -84,7 +106,9 @@ def run(workdir: str | os.PathLike[str], *, procs: int = 8, sessions: int = 4, s
     ctx = mp.get_context("spawn")  # never use an open log across fork()
     queue = ctx.Queue()
     started = time.monotonic()
-    children = [ctx.Process(target=worker, args=(path, durability, p, sessions, seconds, seed + p, queue)) for p in range(procs)]
+    children = [
+        ctx.Process(target=worker, args=(path, durability, p, sessions, seconds, seed + p, queue)) for p in range(procs)
+    ]
     for child in children:
         child.start()
     results = [queue.get(timeout=seconds + 120) for _ in children]
@@ -152,7 +176,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--json")
     args = parser.parse_args(argv)
     base = Path(args.workdir) if args.workdir else Path(tempfile.mkdtemp(prefix="soak-"))
-    figures = run(base, procs=args.procs, sessions=args.sessions, seconds=args.seconds, durability=args.durability, seed=args.seed)
+    figures = run(
+        base, procs=args.procs, sessions=args.sessions, seconds=args.seconds, durability=args.durability, seed=args.seed
+    )
     if figures["rss_growth_mb_max"] > args.max_rss_growth_mb:
         figures["problems"].append(f"RSS grew by {figures['rss_growth_mb_max']} MB in a process")
     for key, value in figures.items():

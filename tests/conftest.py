@@ -12,4 +12,3 @@ from eventlog import EventLog
 def log(tmp_path: Path) -> Iterator[EventLog]:
     with EventLog.open(tmp_path / "log") as opened:
         yield opened
-

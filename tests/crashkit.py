@@ -44,7 +44,10 @@ def run_python(code: str, *args: str, timeout: float = 60) -> subprocess.Complet
     """Run ``code`` in a fresh interpreter (``sys.argv[1:]`` = ``args``) and wait for it."""
     return subprocess.run(
         [sys.executable, "-c", textwrap.dedent(code), *args],
-        capture_output=True, text=True, timeout=timeout, env=child_env(),
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env=child_env(),
     )
 
 
@@ -54,7 +57,10 @@ class Child:
     def __init__(self, code: str, *args: str) -> None:
         self.popen = subprocess.Popen(
             [sys.executable, "-c", textwrap.dedent(code), *args],
-            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=child_env(),
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            env=child_env(),
         )
 
     def wait_ready(self, timeout: float = 30) -> None:

@@ -17,7 +17,8 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:  # pytest run from elsewhere than the repository root
     sys.path.insert(0, str(ROOT))
 
-from benchmarks import bench_bulk, bench_commit, bench_concurrency, bench_flush, bench_reflush, run as runner  # noqa: E402
+from benchmarks import bench_bulk, bench_commit, bench_concurrency, bench_flush, bench_reflush  # noqa: E402
+from benchmarks import run as runner  # noqa: E402
 from benchmarks.harness import summary  # noqa: E402
 from benchmarks.workload import MESSAGES_PER_TURN, Workload  # noqa: E402
 
@@ -62,7 +63,11 @@ def test_flush_scenario_runs_every_available_system(tmp_path: Path) -> None:
     assert floors <= names, floors - names
     for name, why in result["skipped"].items():
         assert why, name
-    peers = {"hermes_state": "hermes SessionDB (one txn per turn)", "eventsourcing": "eventsourcing (SQLite)", "agents": "openai-agents SQLiteSession"}
+    peers = {
+        "hermes_state": "hermes SessionDB (one txn per turn)",
+        "eventsourcing": "eventsourcing (SQLite)",
+        "agents": "openai-agents SQLiteSession",
+    }
     for module, name in peers.items():
         assert (name in result["skipped"]) == (importlib.util.find_spec(module) is None), name
     assert all(len(series) == 2 for series in result["series_ns"].values())
@@ -73,7 +78,12 @@ def test_flush_scenario_runs_every_available_system(tmp_path: Path) -> None:
 def test_reflush_scenario(tmp_path: Path) -> None:
     result = bench_reflush.run(scratch_dir=tmp_path, sizes=(10, 30), rounds=2)
     _check_rows(result["rows"])
-    assert {row["system"] for row in result["rows"]} == {"reflush", "reflush trust", "reflush fresh copies", "rehash all"}
+    assert {row["system"] for row in result["rows"]} == {
+        "reflush",
+        "reflush trust",
+        "reflush fresh copies",
+        "rehash all",
+    }
     assert bench_reflush.rehash_all(Workload().messages(3)) != bench_reflush.rehash_all(Workload().messages(4))
     print(bench_reflush.render(result))
 
@@ -103,8 +113,13 @@ def test_concurrency_scenario(tmp_path: Path) -> None:
     result = bench_concurrency.run(scratch_dir=tmp_path, turns=2, threads=(1, 2), processes=(2,))
     _check_rows(result["rows"])
     assert [row["system"] for row in result["rows"]] == [
-        "1 thread", "2 threads", "2 processes", "1 thread, trust mode", "2 threads, trust mode",
-        "1 thread, durability none (CPU bound)", "1 thread, trust mode, durability none (CPU bound)",
+        "1 thread",
+        "2 threads",
+        "2 processes",
+        "1 thread, trust mode",
+        "2 threads, trust mode",
+        "1 thread, durability none (CPU bound)",
+        "1 thread, trust mode, durability none (CPU bound)",
     ]
     ratios = {row["system"]: row["x_single"] for row in result["rows"]}
     assert ratios["1 thread"] == ratios["1 thread, trust mode"] == 1  # each mode's durable writer
@@ -113,7 +128,11 @@ def test_concurrency_scenario(tmp_path: Path) -> None:
 
 def test_runner_writes_report_json_and_plots(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     flush, reflush, commit, bulk, concurrency = (
-        bench_flush.run, bench_reflush.run, bench_commit.run, bench_bulk.run, bench_concurrency.run
+        bench_flush.run,
+        bench_reflush.run,
+        bench_commit.run,
+        bench_bulk.run,
+        bench_concurrency.run,
     )
     tiny = {
         "flush": lambda **kw: flush(messages=20, **kw),
@@ -131,7 +150,12 @@ def test_runner_writes_report_json_and_plots(tmp_path: Path, monkeypatch: pytest
     text = (out / "report.md").read_text()
     assert "## Targets" in text and "Machine:" in text
     if importlib.util.find_spec("matplotlib") is not None:
-        assert {p.name for p in out.glob("*.png")} == {"latency.png", "flush_vs_length.png", "reflush.png", "concurrency.png"}
+        assert {p.name for p in out.glob("*.png")} == {
+            "latency.png",
+            "flush_vs_length.png",
+            "reflush.png",
+            "concurrency.png",
+        }
 
 
 def _timed(system: str, median_ms: float, **extra: object) -> dict:
@@ -145,7 +169,9 @@ def test_a_missed_target_is_out_of_reach_only_when_its_floor_needs_more_than_the
             _timed(hermes, 5.0),
             _timed(es, 1.0),
             _timed("eventlog flush [full] +projection", 2.0),  # 2.5x hermes, 0.5x eventsourcing
-            _timed("floor: in-place check + content-addressed put+commit [full]", 1.5),  # above both budgets: 5.0/5 and 1.0/1.5
+            _timed(
+                "floor: in-place check + content-addressed put+commit [full]", 1.5
+            ),  # above both budgets: 5.0/5 and 1.0/1.5
             _timed("eventlog flush trust [full] +projection", 0.8),  # 6.25x hermes, 1.25x eventsourcing
             _timed("floor: content-addressed py-lmdb put+commit [full]", 0.5),  # below 1.0/1.5
         ]
@@ -159,19 +185,65 @@ def test_a_missed_target_is_out_of_reach_only_when_its_floor_needs_more_than_the
         ]
     }
     threads = [
-        {"kind": "threads", "writers": 1, "trust": False, "durability": "full", "x_single": 1.0, "aggregate_msgs_per_s": 10.0},
-        {"kind": "threads", "writers": 8, "trust": False, "durability": "full", "x_single": 1.2, "aggregate_msgs_per_s": 12.0},
-        {"kind": "threads", "writers": 1, "trust": False, "durability": "none", "x_single": 1.8, "aggregate_msgs_per_s": 18.0},
-        {"kind": "threads", "writers": 1, "trust": True, "durability": "full", "x_single": 1.0, "aggregate_msgs_per_s": 10.0},
-        {"kind": "threads", "writers": 8, "trust": True, "durability": "full", "x_single": 1.5, "aggregate_msgs_per_s": 15.0},
-        {"kind": "threads", "writers": 1, "trust": True, "durability": "none", "x_single": 3.0, "aggregate_msgs_per_s": 30.0},
+        {
+            "kind": "threads",
+            "writers": 1,
+            "trust": False,
+            "durability": "full",
+            "x_single": 1.0,
+            "aggregate_msgs_per_s": 10.0,
+        },
+        {
+            "kind": "threads",
+            "writers": 8,
+            "trust": False,
+            "durability": "full",
+            "x_single": 1.2,
+            "aggregate_msgs_per_s": 12.0,
+        },
+        {
+            "kind": "threads",
+            "writers": 1,
+            "trust": False,
+            "durability": "none",
+            "x_single": 1.8,
+            "aggregate_msgs_per_s": 18.0,
+        },
+        {
+            "kind": "threads",
+            "writers": 1,
+            "trust": True,
+            "durability": "full",
+            "x_single": 1.0,
+            "aggregate_msgs_per_s": 10.0,
+        },
+        {
+            "kind": "threads",
+            "writers": 8,
+            "trust": True,
+            "durability": "full",
+            "x_single": 1.5,
+            "aggregate_msgs_per_s": 15.0,
+        },
+        {
+            "kind": "threads",
+            "writers": 1,
+            "trust": True,
+            "durability": "none",
+            "x_single": 3.0,
+            "aggregate_msgs_per_s": 30.0,
+        },
     ]
     bulk = {
         "skipped": {},
         "rows": [
             {"system": "bulk import (2 flushes of 1,000)", "durability": "none", "msgs_per_s": 100_000},
             {"system": "replay of one 2,000-message session", "durability": "-", "msgs_per_s": 400_000},
-            {"system": "floor: import's encoding and two digests per message alone", "durability": "-", "msgs_per_s": 200_000},
+            {
+                "system": "floor: import's encoding and two digests per message alone",
+                "durability": "-",
+                "msgs_per_s": 200_000,
+            },
         ],
     }
     results = {"flush": flush, "commit": commit, "concurrency": {"rows": threads}, "bulk": bulk}
@@ -213,7 +285,12 @@ def test_the_floors_do_the_work_they_stand_for(tmp_path: Path) -> None:
                 db = floor.projection._db
                 assert db.execute("SELECT count(*) FROM messages").fetchone()[0] == 30
                 word = held[0]["content"].split()[0]
-                assert db.execute("SELECT count(*) FROM messages_fts WHERE messages_fts MATCH ?", (f'"{word}"',)).fetchone()[0] >= 1
+                assert (
+                    db.execute(
+                        "SELECT count(*) FROM messages_fts WHERE messages_fts MATCH ?", (f'"{word}"',)
+                    ).fetchone()[0]
+                    >= 1
+                )
             held[3]["content"] = "edited in place"  # the check must notice
             with pytest.raises(AssertionError, match="changed"):
                 floor.turn("s", held, [])

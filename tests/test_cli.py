@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import json
-import sqlite3
 import os
+import sqlite3
 import subprocess
 import sys
 import time
@@ -13,10 +13,10 @@ from pathlib import Path
 import lmdb
 import pytest
 from click.testing import CliRunner, Result
+from factories import assistant, tool, user
 
 from eventlog import EventLog
 from eventlog.cli import cli
-from factories import assistant, tool, user
 
 CALL = {"id": "call_1", "type": "function", "function": {"name": "lookup", "arguments": '{"q": "lmdb"}'}}
 
@@ -154,7 +154,17 @@ def test_stats_counts_tombstones_by_reason(logdir):
 
 @pytest.mark.parametrize(
     "args",
-    [["sessions"], ["show", "x"], ["history", "x"], ["verify"], ["stats"], ["export", "x"], ["tail", "--once"], ["project"], ["search", "x"]],
+    [
+        ["sessions"],
+        ["show", "x"],
+        ["history", "x"],
+        ["verify"],
+        ["stats"],
+        ["export", "x"],
+        ["tail", "--once"],
+        ["project"],
+        ["search", "x"],
+    ],
 )
 def test_read_only_commands_do_not_create_a_missing_log(tmp_path, args):
     missing = tmp_path / "nothing-here"
@@ -320,7 +330,9 @@ def test_a_conversation_line_with_a_dataset_id_is_a_conversation(tmp_path):
 def test_a_line_nested_too_deeply_is_a_one_line_error(tmp_path):
     source = tmp_path / "deep.jsonl"
     source.write_text(json.dumps(user("fine")) + "\n" + '{"a":' * 5000 + "1" + "}" * 5000 + "\n")
-    assert_one_line_error(run("import", str(source), "--session", "s", log=tmp_path / "log"), f"{source}:2:", "nested too deeply")
+    assert_one_line_error(
+        run("import", str(source), "--session", "s", log=tmp_path / "log"), f"{source}:2:", "nested too deeply"
+    )
 
 
 @pytest.mark.parametrize(
@@ -394,7 +406,10 @@ def test_odd_tool_calls_are_shown_and_exported_not_a_crash(tmp_path, calls):
         result = run(*args, log=log)
         assert result.exit_code == 0, (args, result.output)
     turns = json.loads(run("export", "s", "--format", "sharegpt", log=log).stdout)["conversations"]
-    assert turns[0] == {"from": "human", "value": "go"} and turns[1]["value"] in ("ok", json.dumps({"name": "", "arguments": ""}, separators=(",", ":")))
+    assert turns[0] == {"from": "human", "value": "go"} and turns[1]["value"] in (
+        "ok",
+        json.dumps({"name": "", "arguments": ""}, separators=(",", ":")),
+    )
 
 
 def test_export_writes_through_a_symlink_and_into_a_pipe_and_keeps_permissions(logdir, tmp_path):
@@ -483,7 +498,9 @@ def test_project_then_search_then_rebuild(logdir, tmp_path):
     assert again["applied"] == 0 and again["last_seq"] == total
     hits = json.loads(run("search", "memory-mapped", "--db", str(db), "--json", log=logdir).stdout)
     assert {(h["session_id"], h["position"]) for h in hits} == {("chat", 3), ("chat", 4)}
-    hits = json.loads(run("search", "memory-mapped", "--db", str(db), "--session", "branch", "--json", log=logdir).stdout)
+    hits = json.loads(
+        run("search", "memory-mapped", "--db", str(db), "--session", "branch", "--json", log=logdir).stdout
+    )
     assert hits == []  # the branch shares positions 0..2 only
     rebuilt = json.loads(run("rebuild", str(db), "--json", log=logdir).stdout)
     assert rebuilt["applied"] == total
@@ -540,7 +557,14 @@ def test_every_command_runs_as_a_subprocess(logdir, tmp_path):
     env = {**os.environ, "EVENTLOG_PATH": str(logdir)}
 
     def cmd(*args: str, code: int = 0) -> subprocess.CompletedProcess[str]:
-        done = subprocess.run([sys.executable, "-m", "eventlog.cli", *args], capture_output=True, text=True, env=env, cwd=tmp_path, timeout=60)
+        done = subprocess.run(
+            [sys.executable, "-m", "eventlog.cli", *args],
+            capture_output=True,
+            text=True,
+            env=env,
+            cwd=tmp_path,
+            timeout=60,
+        )
         assert done.returncode == code, (args, done.stdout, done.stderr)
         assert "Traceback" not in done.stderr
         return done
@@ -569,8 +593,13 @@ def test_installed_console_script_runs(tmp_path):
     script = Path(sys.executable).with_name("eventlog")
     if not script.exists():
         pytest.skip("the eventlog console script is not installed next to this interpreter")
-    done = subprocess.run([str(script), "--log", str(tmp_path / "none"), "sessions"], capture_output=True, text=True, timeout=60)
-    assert done.returncode == 1 and done.stderr.strip() == f"Error: no event log at {tmp_path / 'none'} (give --log PATH or set EVENTLOG_PATH)"
+    done = subprocess.run(
+        [str(script), "--log", str(tmp_path / "none"), "sessions"], capture_output=True, text=True, timeout=60
+    )
+    assert (
+        done.returncode == 1
+        and done.stderr.strip() == f"Error: no event log at {tmp_path / 'none'} (give --log PATH or set EVENTLOG_PATH)"
+    )
 
 
 def test_recover_folds_spill_files_back(tmp_path):
@@ -585,10 +614,14 @@ def test_recover_folds_spill_files_back(tmp_path):
     with EventLog.open(log_path) as log:
         SpillingWriter(log, spill)  # the directory a writer would spill into
         log.flush("s", [{"role": "user", "content": "stored"}])
-    write_spill(spill, "s", [
-        {"session": "s", "index": 0, "message": {"role": "user", "content": "stored"}},
-        {"session": "s", "index": 1, "message": {"role": "assistant", "content": "spilled"}},
-    ])
+    write_spill(
+        spill,
+        "s",
+        [
+            {"session": "s", "index": 0, "message": {"role": "user", "content": "stored"}},
+            {"session": "s", "index": 1, "message": {"role": "assistant", "content": "spilled"}},
+        ],
+    )
     runner = CliRunner()
     first = runner.invoke(cli, ["--log", str(log_path), "recover", str(spill)])
     assert first.exit_code == 0, first.output

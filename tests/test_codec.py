@@ -12,7 +12,11 @@ from hypothesis import strategies as st
 from eventlog import InvalidMessageError, codec
 
 json_values = st.recursive(
-    st.none() | st.booleans() | st.integers(-(2**63), 2**64 - 1) | st.floats(allow_nan=False, allow_infinity=False) | st.text(),
+    st.none()
+    | st.booleans()
+    | st.integers(-(2**63), 2**64 - 1)
+    | st.floats(allow_nan=False, allow_infinity=False)
+    | st.text(),
     lambda children: st.lists(children, max_size=4) | st.dictionaries(st.text(max_size=8), children, max_size=4),
     max_leaves=20,
 )
@@ -112,9 +116,13 @@ odd_leaves = (
 )
 any_values = st.recursive(
     st.none() | st.booleans() | st.integers(-(2**63), 2**64 - 1) | st.floats() | st.text() | odd_leaves,
-    lambda children: st.lists(children, max_size=3)
-    | st.lists(children, max_size=3).map(tuple)
-    | st.dictionaries(st.text(max_size=4) | st.integers(0, 3) | st.builds(_Text, st.text(max_size=1)), children, max_size=3),
+    lambda children: (
+        st.lists(children, max_size=3)
+        | st.lists(children, max_size=3).map(tuple)
+        | st.dictionaries(
+            st.text(max_size=4) | st.integers(0, 3) | st.builds(_Text, st.text(max_size=1)), children, max_size=3
+        )
+    ),
     max_leaves=12,
 )
 any_messages = st.dictionaries(st.text(max_size=2) | st.builds(_Text, st.text(max_size=1)), any_values, max_size=5)
@@ -152,7 +160,10 @@ def test_a_batch_of_plain_messages_is_shown_plain(batch):
     ],
 )
 def test_a_batch_with_one_odd_message_is_not_shown_plain(odd):
-    batch = [{"role": "user", "content": "hi", "t": 1.5}, {"role": "assistant", "tool_calls": [{"function": {"name": "f"}}]}]
+    batch = [
+        {"role": "user", "content": "hi", "t": 1.5},
+        {"role": "assistant", "tool_calls": [{"function": {"name": "f"}}]},
+    ]
     assert codec.plain_batch(batch)
     assert not codec.plain_batch([*batch, {"name": "x", **odd}])
     assert not codec.plain_batch([*batch, {"meta": {"role": 0}}, {**odd}])

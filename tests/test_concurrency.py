@@ -14,7 +14,9 @@ def conversation(n: int) -> list[dict]:
 
 
 def stored_bodies(log: EventLog) -> int:
-    return sum(len(r.event) - len(r.event.carried) for r in log.events() if isinstance(r.event, events.MessagesAppended))
+    return sum(
+        len(r.event) - len(r.event.carried) for r in log.events() if isinstance(r.event, events.MessagesAppended)
+    )
 
 
 def test_threads_flushing_one_session(tmp_path):
@@ -70,7 +72,7 @@ def test_two_threads_flushing_one_growing_list_never_record_a_rewind(tmp_path):
         assert [o.tombstone for o in log.history("s")] == [None] * 3  # no rewind of turn 2, no repeat
 
 
-def _flush_from_process(path: str, rounds: int, barrier) -> None:  # noqa: ANN001
+def _flush_from_process(path: str, rounds: int, barrier) -> None:
     messages = conversation(40)
     with EventLog.open(path) as log:
         barrier.wait()

@@ -33,7 +33,9 @@ def test_the_log_matches_the_report(demo):
         reasons = {o.tombstone.reason for o in history if o.tombstone}
         assert reasons == {"edit", "rewind", "compaction"}
         assert sum(1 for o in history if o.tombstone and o.tombstone.reason == "edit") == demo.edit["tombstoned"]
-        assert sum(1 for o in history if o.tombstone and o.tombstone.reason == "rewind") == demo.rewind["tombstoned"] == 10
+        assert (
+            sum(1 for o in history if o.tombstone and o.tombstone.reason == "rewind") == demo.rewind["tombstoned"] == 10
+        )
         live = log.messages(MAIN)
         assert not any(SECRET in json.dumps(m) for m in live)
         # The leaked key stays in the log for audit, in the tombstoned occurrence.
@@ -62,7 +64,9 @@ def test_projection_and_search(demo):
 
 def test_report_text(demo):
     text = str(demo)
-    assert f"{demo.distinct} distinct messages entered the list; {demo.distinct} were written, each exactly once." in text
+    assert (
+        f"{demo.distinct} distinct messages entered the list; {demo.distinct} were written, each exactly once." in text
+    )
     assert "(reason 'edit')" in text and "'rewind' tombstone" in text and "'compaction' tombstone" in text
     assert f"Forked {BRANCH!r}" in text
     assert "verify: ok:" in text
@@ -74,7 +78,12 @@ def test_same_digests_on_every_run(demo, tmp_path):
     again = run_demo(tmp_path / "again")
     assert again.head == demo.head
     assert again.events == demo.events
-    assert (again.appended, again.edit, again.rewind, again.compaction) == (demo.appended, demo.edit, demo.rewind, demo.compaction)
+    assert (again.appended, again.edit, again.rewind, again.compaction) == (
+        demo.appended,
+        demo.edit,
+        demo.rewind,
+        demo.compaction,
+    )
 
 
 def test_command_writes_to_the_default_directory_and_reruns(tmp_path, monkeypatch):

@@ -51,7 +51,7 @@ def test_python_examples_run(page, tmp_path, monkeypatch):
     namespace: dict[str, object] = {"__name__": f"docs_{page.stem}", "tmp": str(tmp_path)}
     for number, block in enumerate(python_blocks(page), start=1):
         code = compile(block, f"{page.name} (python example {number})", "exec")
-        exec(code, namespace)  # noqa: S102 - the point of the test
+        exec(code, namespace)
 
 
 def test_every_page_with_examples_is_checked():
@@ -71,7 +71,9 @@ def test_cli_md_documents_every_command():
 @pytest.mark.parametrize("name", ["", *commands()])
 def test_cli_md_matches_help(name):
     blocks = {m["name"]: m["text"] for m in HELP_BLOCK.finditer(CLI_MD.read_text(encoding="utf-8"))}
-    assert blocks.get(name) == help_text(name), f"docs/cli.md is stale for 'eventlog {name}': run python tests/test_docs.py --write"
+    assert blocks.get(name) == help_text(name), (
+        f"docs/cli.md is stale for 'eventlog {name}': run python tests/test_docs.py --write"
+    )
 
 
 def write_cli_md() -> None:

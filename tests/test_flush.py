@@ -6,6 +6,7 @@ import copy
 import gc
 
 import pytest
+from factories import assistant, user
 
 from eventlog import (
     EMPTY_HEAD,
@@ -15,8 +16,6 @@ from eventlog import (
     InvalidMessageError,
     events,
 )
-
-from factories import assistant, user
 
 
 def appended_events(log: EventLog) -> list[events.MessagesAppended]:
@@ -357,19 +356,30 @@ def test_large_flush_is_split_into_bounded_events_in_one_transaction(log):
     log.flush("s", messages)
     assert log.messages("s") == messages
     assert log.history("s")[-1].override is None
-    assert [o.override for o in log.history("s") if o.tombstone is None and o.position == EVENT_MESSAGES + 3] == [{"content": "clean"}]
+    assert [o.override for o in log.history("s") if o.tombstone is None and o.position == EVENT_MESSAGES + 3] == [
+        {"content": "clean"}
+    ]
     assert log.verify().ok
 
 
 def _numbers_message():
-    return {"role": "tool", "tool_call_id": "c1", "content": [{"type": "text", "text": "ok"}],
-            "n": 1, "x": 0.0, "ok": False, "pair": ("a", "b"), "t": 1717200007.5,
-            "tool_calls": [{"id": "c1", "function": {"name": "f", "arguments": "{}"}}]}
+    return {
+        "role": "tool",
+        "tool_call_id": "c1",
+        "content": [{"type": "text", "text": "ok"}],
+        "n": 1,
+        "x": 0.0,
+        "ok": False,
+        "pair": ("a", "b"),
+        "t": 1717200007.5,
+        "tool_calls": [{"id": "c1", "function": {"name": "f", "arguments": "{}"}}],
+    }
 
 
 def _set(key, value):
     def edit(m):
         m[key] = value
+
     return edit
 
 
@@ -399,7 +409,9 @@ def test_every_in_place_edit_is_recorded(log, edit, copied):
     IN_PLACE_EDITS[edit](messages[1])
     result = log.flush("s", messages)
     assert (result.appended, result.tombstoned) == (2, 2)
-    assert log.messages("s") == copy.deepcopy([*messages[:1], {**messages[1], "pair": list(messages[1]["pair"])}, *messages[2:]])
+    assert log.messages("s") == copy.deepcopy(
+        [*messages[:1], {**messages[1], "pair": list(messages[1]["pair"])}, *messages[2:]]
+    )
     assert log.flush("s", messages).appended == 0
 
 
@@ -509,7 +521,9 @@ def test_a_message_edited_while_it_is_being_flushed_is_caught_next_time(tmp_path
 
 
 def _batch(n, **extra):
-    return [{"role": "user" if i % 2 else "assistant", "content": f"m{i}", "n": i, "t": i / 3, **extra} for i in range(n)]
+    return [
+        {"role": "user" if i % 2 else "assistant", "content": f"m{i}", "n": i, "t": i / 3, **extra} for i in range(n)
+    ]
 
 
 @pytest.mark.parametrize("size", [12, 100], ids=["turn", "import"])
@@ -521,7 +535,13 @@ def test_a_large_batch_hashes_exactly_as_message_by_message(monkeypatch, size):
     fast = snapshot.prepare(messages, None)
     monkeypatch.setattr(snapshot, "BATCH_PATH", 10**9)
     slow = snapshot.prepare(messages, None)
-    assert (fast.kept, fast.bodies, fast.digests, fast.nodes, fast.flags) == (slow.kept, slow.bodies, slow.digests, slow.nodes, slow.flags)
+    assert (fast.kept, fast.bodies, fast.digests, fast.nodes, fast.flags) == (
+        slow.kept,
+        slow.bodies,
+        slow.digests,
+        slow.nodes,
+        slow.flags,
+    )
 
 
 @pytest.mark.parametrize("size", [12, 60], ids=["turn", "import"])
@@ -559,7 +579,9 @@ def rewind_elsewhere(path, session_id: str, to: int) -> None:
         with EventLog.open(sys.argv[1]) as log:
             log.rewind(sys.argv[2], to=int(sys.argv[3]))
         """,
-        str(path), session_id, str(to),
+        str(path),
+        session_id,
+        str(to),
     )
     assert done.returncode == 0, done.stderr
 

@@ -6,10 +6,10 @@ import threading
 import time
 
 import pytest
+from factories import assistant, user
 
 from eventlog import EMPTY_HEAD, ConflictError, EventLog, EventLogError, HistoryMismatchError, events
 from eventlog.store import WAKE_POLL, _Request
-from factories import assistant, user
 
 
 def end_commit_in_flight(store) -> None:
@@ -104,7 +104,9 @@ def test_expected_head_and_dedup_inside_one_group(log):
     assert isinstance(results[2], ConflictError)
     assert results[3].appended == 1
     assert log.messages("s") == longer
-    appended = [r.event for r in log.events() if isinstance(r.event, events.MessagesAppended) and r.event.session == "s"]
+    appended = [
+        r.event for r in log.events() if isinstance(r.event, events.MessagesAppended) and r.event.session == "s"
+    ]
     assert sum(len(e) for e in appended) == 2
 
 
@@ -509,7 +511,12 @@ def test_close_in_the_except_block_of_an_interrupt_never_waits_for_itself(tmp_pa
         log.flush("s", [user("q")])
 
         def profile(frame, event, arg):  # Ctrl-C as the slot of a read is entered
-            if event == "return" and frame.f_code.co_name == "__enter__" and frame.f_back and frame.f_back.f_code is read:
+            if (
+                event == "return"
+                and frame.f_code.co_name == "__enter__"
+                and frame.f_back
+                and frame.f_back.f_code is read
+            ):
                 sys.setprofile(None)
                 raise KeyboardInterrupt
 

@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 import pytest
+from factories import assistant, tool, user
 
 from eventlog import EMPTY_HEAD, ConflictError, HistoryMismatchError, InvalidMessageError, UnknownSessionError, events
 from eventlog.replay import NO_RESULT, repair
-from factories import assistant, tool, user
 
 
 def test_append_recognises_a_retry(log):
@@ -227,7 +227,9 @@ def test_flush_many_writes_nothing_when_one_session_refuses(log):
     assert refused.value.session == "b"
     assert log.last_seq == seq and "a" not in log.sessions()  # the session before it was not written
     with pytest.raises(InvalidMessageError, match=r"session 'a': messages\[1\]"):
-        log.flush_many({"b": [user("something else"), user("more")], "a": [user("x"), {"role": "user", "n": float("nan")}]})
+        log.flush_many(
+            {"b": [user("something else"), user("more")], "a": [user("x"), {"role": "user", "n": float("nan")}]}
+        )
     assert log.last_seq == seq
     results = log.flush_many({"a": [user("x")], "b": [user("y")]}, replace=True)
     assert (results["b"].tombstoned, log.messages("b")) == (1, [user("y")])
@@ -239,11 +241,16 @@ def test_flush_many_keeps_the_flush_contract_turn_after_turn(log):
         parent.append(assistant(f"parent {turn}"))
         child.append(assistant(f"child {turn}"))
         results = log.flush_many({"parent": parent, "child": child})
-        assert results["parent"].appended == (2 if turn == 0 else 1) and results["child"].appended == (2 if turn == 0 else 1)
+        assert results["parent"].appended == (2 if turn == 0 else 1) and results["child"].appended == (
+            2 if turn == 0 else 1
+        )
     child[1]["content"] = "edited in place"  # an edit of a stored message is recorded, never lost
     results = log.flush_many({"parent": parent, "child": child})
     assert (results["child"].tombstoned, results["child"].appended, results["parent"].appended) == (3, 3, 0)
-    assert log.messages("child") == child and [o.tombstone.reason for o in log.history("child") if o.tombstone] == ["edit"] * 3
+    assert (
+        log.messages("child") == child
+        and [o.tombstone.reason for o in log.history("child") if o.tombstone] == ["edit"] * 3
+    )
     parent.append(user("and hotels?"))
     assert log.flush("parent", parent).appended == 1  # flush and flush_many share what they cached
     assert log.flush_many({"parent": parent})["parent"].appended == 0
@@ -273,9 +280,16 @@ def test_repair_answers_anthropic_tool_use_and_drops_orphan_results(log):
         {"type": "text", "text": "go on"},
     ]
     assert repaired[3] == messages[3]
-    assert repaired[4] == {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "t3", "content": NO_RESULT, "is_error": True}]}
+    assert repaired[4] == {
+        "role": "user",
+        "content": [{"type": "tool_result", "tool_use_id": "t3", "content": NO_RESULT, "is_error": True}],
+    }
     assert log.messages("a") == messages  # the log and the stored dicts are as they were
-    orphan_only = [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "hello"}, {"role": "user", "content": [_result("x")]}]
+    orphan_only = [
+        {"role": "user", "content": "hi"},
+        {"role": "assistant", "content": "hello"},
+        {"role": "user", "content": [_result("x")]},
+    ]
     assert repair(orphan_only) == orphan_only[:2]
 
 
@@ -308,8 +322,18 @@ def test_repair_answers_responses_function_calls_and_drops_stray_outputs():
 
 
 def test_repair_leaves_a_complete_transcript_of_each_shape_as_it_is():
-    chat = [user("q"), assistant("", tool_calls=[{"id": "c", "type": "function", "function": {"name": "f", "arguments": "{}"}}]), tool("c", "r"), assistant("done")]
-    anthropic = [{"role": "user", "content": "q"}, {"role": "assistant", "content": [_use("t")]}, {"role": "user", "content": [_result("t")]}, {"role": "assistant", "content": "done"}]
+    chat = [
+        user("q"),
+        assistant("", tool_calls=[{"id": "c", "type": "function", "function": {"name": "f", "arguments": "{}"}}]),
+        tool("c", "r"),
+        assistant("done"),
+    ]
+    anthropic = [
+        {"role": "user", "content": "q"},
+        {"role": "assistant", "content": [_use("t")]},
+        {"role": "user", "content": [_result("t")]},
+        {"role": "assistant", "content": "done"},
+    ]
     for messages in (chat, anthropic, [user("just"), assistant("talk")]):
         assert repair(messages) == messages
 

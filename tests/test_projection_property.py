@@ -21,11 +21,10 @@ from typing import Any
 
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from test_projection_sqlite import dump
 
 from eventlog import EventLog
 from projections import SQLiteProjection, apply
-
-from test_projection_sqlite import dump
 
 WORDS = ["alpha", "bravo", "cedar", "delta", "ember", "fjord", "gamma", "haze", "iris", "jade"]
 SESSIONS = ["s0", "s1", "s2"]
@@ -38,14 +37,19 @@ message = st.one_of(
         lambda w, n: {
             "role": "assistant",
             "content": None,
-            "tool_calls": [{"id": f"c{n}", "type": "function", "function": {"name": "find", "arguments": json.dumps({"q": w})}}],
+            "tool_calls": [
+                {"id": f"c{n}", "type": "function", "function": {"name": "find", "arguments": json.dumps({"q": w})}}
+            ],
         },
         words,
         st.integers(0, 3),
     ),
     st.builds(lambda w: {"role": "tool", "tool_call_id": "c0", "name": "find", "content": w}, words),
     st.builds(
-        lambda w: {"role": "user", "content": [{"type": "text", "text": w}, {"type": "image_url", "image_url": {"url": "x"}}]},
+        lambda w: {
+            "role": "user",
+            "content": [{"type": "text", "text": w}, {"type": "image_url", "image_url": {"url": "x"}}],
+        },
         words,
     ),
 )
@@ -77,8 +81,16 @@ operation = st.one_of(
     st.tuples(
         st.just("update"),
         session,
-        st.dictionaries(st.sampled_from(["title", "model", "topic"]), st.one_of(words, st.none(), st.lists(st.integers(-5, 5), max_size=2)), max_size=2),
-        st.dictionaries(st.sampled_from(["input_tokens", "cost_usd", "api_calls"]), st.one_of(number, st.floats(1e307, 1.7e308)), max_size=2),
+        st.dictionaries(
+            st.sampled_from(["title", "model", "topic"]),
+            st.one_of(words, st.none(), st.lists(st.integers(-5, 5), max_size=2)),
+            max_size=2,
+        ),
+        st.dictionaries(
+            st.sampled_from(["input_tokens", "cost_usd", "api_calls"]),
+            st.one_of(number, st.floats(1e307, 1.7e308)),
+            max_size=2,
+        ),
     ),
     st.tuples(st.just("close"), session, words),
 )
@@ -137,7 +149,11 @@ def live_words(proj: SQLiteProjection, sessions: list[str]) -> dict[str, set[tup
     return found
 
 
-@settings(max_examples=int(os.environ.get("PROJECTION_EXAMPLES", "60")), deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(
+    max_examples=int(os.environ.get("PROJECTION_EXAMPLES", "60")),
+    deadline=None,
+    suppress_health_check=[HealthCheck.too_slow],
+)
 @given(
     st.lists(st.tuples(operation, projection_step), min_size=1, max_size=25),
     st.integers(1, 20),
@@ -186,7 +202,9 @@ def check_history(steps: list[tuple[tuple[Any, ...], tuple[Any, ...]]], rebuild_
             assert incremental == dump(tmp / "full.db")
             # The search index holds the live rows with text, and nothing else.
             db = sqlite3.connect(tmp / "inc.db")
-            with_text = {r[0] for r in db.execute("SELECT id FROM live_messages WHERE content != '' OR tool_text != ''")}
+            with_text = {
+                r[0] for r in db.execute("SELECT id FROM live_messages WHERE content != '' OR tool_text != ''")
+            }
             db.close()
             assert {entry[1] for entry in incremental["fts"]} == with_text
             db = sqlite3.connect(tmp / "full.db")

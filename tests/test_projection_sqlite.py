@@ -23,8 +23,8 @@ from projections import (
     ProjectionError,
     SchemaVersionError,
     SQLiteProjection,
+    schema,
 )
-from projections import schema
 
 DOCS = Path(__file__).resolve().parent.parent / "docs" / "projection.md"
 
@@ -133,7 +133,9 @@ def test_processes_opening_a_new_projection_together_all_succeed(tmp_path: Path)
         start = time.time() + 0.6  # after both interpreters have started
         path = str(tmp_path / f"p{round_}.db")
         procs = [
-            subprocess.Popen([sys.executable, "-c", opener, path, repr(start)], env=child_env(), stderr=subprocess.PIPE, text=True)
+            subprocess.Popen(
+                [sys.executable, "-c", opener, path, repr(start)], env=child_env(), stderr=subprocess.PIPE, text=True
+            )
             for _ in range(2)
         ]
         for proc in procs:
@@ -166,7 +168,9 @@ def test_sql_migration_runs_once_and_keeps_rows(tmp_path: Path, log: EventLog, m
     assert sqlite3.connect(tmp_path / "p.db").execute("PRAGMA user_version").fetchone()[0] == schema.VERSION
 
 
-def test_reproject_migration_resets_and_catch_up_rebuilds(tmp_path: Path, log: EventLog, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_reproject_migration_resets_and_catch_up_rebuilds(
+    tmp_path: Path, log: EventLog, monkeypatch: pytest.MonkeyPatch
+) -> None:
     log.flush("s", [user("hello"), assistant("hi")])
     with SQLiteProjection(tmp_path / "p.db") as first:
         first.catch_up(log)
@@ -382,7 +386,9 @@ class Failing:
             yield record
 
 
-def _counts_seen_by_a_reader(tmp_path: Path, log: EventLog, proj: SQLiteProjection, monkeypatch: pytest.MonkeyPatch, query: str) -> list[int]:
+def _counts_seen_by_a_reader(
+    tmp_path: Path, log: EventLog, proj: SQLiteProjection, monkeypatch: pytest.MonkeyPatch, query: str
+) -> list[int]:
     """Catch ``proj`` up and return what a reader of the file counted with ``query`` after
     each transaction of the catch-up."""
     reader = sqlite3.connect(tmp_path / "p.db", isolation_level=None)
@@ -403,19 +409,27 @@ def _counts_seen_by_a_reader(tmp_path: Path, log: EventLog, proj: SQLiteProjecti
     return seen
 
 
-def test_catch_up_never_shows_readers_part_of_a_write(tmp_path: Path, log: EventLog, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_catch_up_never_shows_readers_part_of_a_write(
+    tmp_path: Path, log: EventLog, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """Catch-up commits in chunks of about ``batch`` messages, but never inside one write of
     the log: a compaction's tombstones and its summary become visible together."""
     log.flush("s", [user(f"m{i}") for i in range(30)])
     proj = SQLiteProjection(tmp_path / "p.db", batch=50)
     proj.catch_up(log)
-    log.flush("big", [user(f"b{i}") for i in range(48)])  # with its opening, the chunk is full right after the tombstones
+    log.flush(
+        "big", [user(f"b{i}") for i in range(48)]
+    )  # with its opening, the chunk is full right after the tombstones
     log.compact("s", start=0, end=29, summary=[user("summary")])
-    seen = _counts_seen_by_a_reader(tmp_path, log, proj, monkeypatch, "SELECT count(*) FROM live_messages WHERE session_id = 's'")
+    seen = _counts_seen_by_a_reader(
+        tmp_path, log, proj, monkeypatch, "SELECT count(*) FROM live_messages WHERE session_id = 's'"
+    )
     assert seen and set(seen) <= {30, 2}, f"a reader saw session s with {seen} live rows (the log: 30, then 2)"
 
 
-def test_catch_up_shows_readers_all_of_a_flush_many_or_none(tmp_path: Path, log: EventLog, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_catch_up_shows_readers_all_of_a_flush_many_or_none(
+    tmp_path: Path, log: EventLog, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """The sessions of one flush_many are one write: a reader sees all of them or none."""
     proj = SQLiteProjection(tmp_path / "p.db", batch=5)
     log.flush_many({f"agent-{i}": [user(f"q{i}"), assistant(f"a{i}")] for i in range(6)})
@@ -423,7 +437,9 @@ def test_catch_up_shows_readers_all_of_a_flush_many_or_none(tmp_path: Path, log:
     assert seen and set(seen) <= {0, 12}, f"a reader saw {seen} live rows of the 12 one flush_many wrote"
 
 
-def test_catch_up_chunks_stay_bounded_when_the_clock_stands_still(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_catch_up_chunks_stay_bounded_when_the_clock_stands_still(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """Writes are told apart by their time; a clock frozen by a test framework must not turn a
     catch-up into one transaction of everything."""
     import eventlog.store
@@ -435,7 +451,11 @@ def test_catch_up_chunks_stay_bounded_when_the_clock_stands_still(tmp_path: Path
         proj = SQLiteProjection(tmp_path / "p.db", batch=10)
         sizes: list[int] = []
         apply_chunk = proj._apply_chunk
-        monkeypatch.setattr(proj, "_apply_chunk", lambda applier, last, chunk: sizes.append(len(chunk)) or apply_chunk(applier, last, chunk))
+        monkeypatch.setattr(
+            proj,
+            "_apply_chunk",
+            lambda applier, last, chunk: sizes.append(len(chunk)) or apply_chunk(applier, last, chunk),
+        )
         assert proj.catch_up(log) == log.last_seq
         proj.close()
         assert sum(sizes) == log.last_seq and max(sizes) <= 80, sizes
@@ -457,7 +477,9 @@ def test_failed_batch_rolls_back_with_its_checkpoint(tmp_path: Path, log: EventL
     assert dump(tmp_path / "p.db") == dump(tmp_path / "rebuilt.db")
 
 
-def test_rows_disagreeing_with_events_are_reported_and_rebuild_repairs(tmp_path: Path, log: EventLog, proj: SQLiteProjection) -> None:
+def test_rows_disagreeing_with_events_are_reported_and_rebuild_repairs(
+    tmp_path: Path, log: EventLog, proj: SQLiteProjection
+) -> None:
     log.flush("s", [user("a"), assistant("b")])
     proj.catch_up(log)
     db = sqlite3.connect(tmp_path / "transcript.db")
@@ -510,7 +532,9 @@ def _journal_during_rebuild(proj: SQLiteProjection, monkeypatch: pytest.MonkeyPa
     return seen
 
 
-def test_rebuild_alone_writes_past_the_wal_and_returns_to_it(tmp_path: Path, log: EventLog, proj: SQLiteProjection, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_rebuild_alone_writes_past_the_wal_and_returns_to_it(
+    tmp_path: Path, log: EventLog, proj: SQLiteProjection, monkeypatch: pytest.MonkeyPatch
+) -> None:
     log.flush("s", [user("one"), assistant("two")])
     seen = _journal_during_rebuild(proj, monkeypatch)
     proj.rebuild(log)
@@ -520,7 +544,9 @@ def test_rebuild_alone_writes_past_the_wal_and_returns_to_it(tmp_path: Path, log
     assert [r["content"] for r in proj.search("two")] == ["two"]
 
 
-def test_rebuild_of_a_projection_in_use_keeps_the_wal_unless_told(tmp_path: Path, log: EventLog, proj: SQLiteProjection, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_rebuild_of_a_projection_in_use_keeps_the_wal_unless_told(
+    tmp_path: Path, log: EventLog, proj: SQLiteProjection, monkeypatch: pytest.MonkeyPatch
+) -> None:
     log.flush("s", [user("one")])
     proj.catch_up(log)  # something for readers to see: by default a rebuild keeps them reading
     seen = _journal_during_rebuild(proj, monkeypatch)
@@ -530,7 +556,9 @@ def test_rebuild_of_a_projection_in_use_keeps_the_wal_unless_told(tmp_path: Path
     assert proj._db.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
 
 
-def test_an_exclusive_rebuild_whose_commit_a_reader_blocks_rolls_back(tmp_path: Path, log: EventLog, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_an_exclusive_rebuild_whose_commit_a_reader_blocks_rolls_back(
+    tmp_path: Path, log: EventLog, monkeypatch: pytest.MonkeyPatch
+) -> None:
     from projections import sqlite as module
 
     monkeypatch.setattr(module, "BUSY_TIMEOUT", 0.2)
@@ -559,7 +587,9 @@ def test_an_exclusive_rebuild_whose_commit_a_reader_blocks_rolls_back(tmp_path: 
     proj.close()
 
 
-def test_rebuild_beside_a_reader_keeps_the_wal_and_its_snapshot(tmp_path: Path, log: EventLog, proj: SQLiteProjection, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_rebuild_beside_a_reader_keeps_the_wal_and_its_snapshot(
+    tmp_path: Path, log: EventLog, proj: SQLiteProjection, monkeypatch: pytest.MonkeyPatch
+) -> None:
     log.flush("s", [user("old")])
     proj.catch_up(log)
     log.flush("s", [user("old"), assistant("new")])
@@ -597,7 +627,9 @@ def _index_is_sound(proj: SQLiteProjection) -> None:
     proj._db.execute("INSERT INTO messages_fts (messages_fts, rank) VALUES ('integrity-check', 1)")
 
 
-def test_a_rebuild_waits_for_its_index_helper(tmp_path: Path, log: EventLog, proj: SQLiteProjection, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_rebuild_waits_for_its_index_helper(
+    tmp_path: Path, log: EventLog, proj: SQLiteProjection, monkeypatch: pytest.MonkeyPatch
+) -> None:
     for turn in range(1, 8):
         log.flush("s", [user(f"m{i}") for i in range(turn)])
     _late_helpers(monkeypatch)
@@ -622,7 +654,9 @@ def test_a_rebuild_failing_beside_its_index_helper_leaves_the_old_projection(
     before = dump(proj.path)
     _late_helpers(monkeypatch)
     if where == "index":
-        monkeypatch.setattr(apply, "INDEX_PENDING", apply.INDEX_PENDING.replace("tool_text FROM", "no_such_column FROM"))
+        monkeypatch.setattr(
+            apply, "INDEX_PENDING", apply.INDEX_PENDING.replace("tool_text FROM", "no_such_column FROM")
+        )
         with pytest.raises(ProjectionError, match="no_such_column"):
             proj.rebuild(log, exclusive=exclusive)
     else:  # the rows of the last event cannot be derived, while the previous event's are indexed
@@ -634,7 +668,9 @@ def test_a_rebuild_failing_beside_its_index_helper_leaves_the_old_projection(
             return derive(message, override)
 
         monkeypatch.setattr(apply, "derive", failing)
-        with pytest.raises(ProjectionError, match=r"event \d+ \(MessagesAppended\) could not be applied: ValueError: underivable"):
+        with pytest.raises(
+            ProjectionError, match=r"event \d+ \(MessagesAppended\) could not be applied: ValueError: underivable"
+        ):
             proj.rebuild(log, exclusive=exclusive)
     assert not [t for t in threading.enumerate() if t.name == "projection-index"]
     _index_is_sound(proj)
@@ -683,7 +719,10 @@ def test_carried_rows_point_at_the_stored_body(log: EventLog, proj: SQLiteProjec
     rows = proj.messages("s")
     first = {r["content"]: r for r in proj.history("s") if r["tombstone_seq"] is not None}
     for carried in rows[2:]:
-        assert (carried["body_seq"], carried["body_idx"]) == (first[carried["content"]]["seq"], first[carried["content"]]["idx"])
+        assert (carried["body_seq"], carried["body_idx"]) == (
+            first[carried["content"]]["seq"],
+            first[carried["content"]]["idx"],
+        )
         assert carried["seq"] != carried["body_seq"]
         assert carried["digest"] == first[carried["content"]]["digest"]
         assert carried["node"] != first[carried["content"]]["node"]  # its parent changed
@@ -718,15 +757,26 @@ def test_columns_of_a_tool_round_trip(log: EventLog, proj: SQLiteProjection) -> 
     u, a, t, u2 = proj.messages("s")
     assert (u["timestamp"], u["platform_message_id"]) == (1700000000.5, "tg-42")
     assert json.loads(a["tool_calls"]) == [call]
-    assert (a["finish_reason"], a["reasoning"], a["reasoning_content"], a["content"]) == ("tool_calls", "think", "deep", None)
+    assert (a["finish_reason"], a["reasoning"], a["reasoning_content"], a["content"]) == (
+        "tool_calls",
+        "think",
+        "deep",
+        None,
+    )
     assert (t["tool_call_id"], t["tool_name"], t["name"], t["role"]) == ("call_1", "web_search", "web_search", "tool")
-    assert (u2["reasoning"], u2["reasoning_content"], u2["reasoning_details"]) == (None, None, None)  # assistant rows only
+    assert (u2["reasoning"], u2["reasoning_content"], u2["reasoning_details"]) == (
+        None,
+        None,
+        None,
+    )  # assistant rows only
     assert json.loads(u2["message"])["reasoning"] == "users do not reason"
     assert {h["position"] for h in proj.search("zebra*")} == {1, 2}  # arguments and the result
     assert {h["position"] for h in proj.search("web_search", session_id="s")} == {1, 2}  # call and result
     db = sqlite3.connect(proj.path)
     assert db.execute("SELECT position FROM messages WHERE platform_message_id = 'tg-42'").fetchall() == [(0,)]
-    plan = " ".join(r[-1] for r in db.execute("EXPLAIN QUERY PLAN SELECT * FROM messages WHERE platform_message_id = 'x'"))
+    plan = " ".join(
+        r[-1] for r in db.execute("EXPLAIN QUERY PLAN SELECT * FROM messages WHERE platform_message_id = 'x'")
+    )
     assert "messages_platform" in plan
 
 
@@ -762,7 +812,9 @@ def test_text_override_replaces_text_content_and_keeps_the_wire_copy(log: EventL
     log.flush(
         "s",
         [user(wire_text), assistant("hi")],
-        overrides={0: {"content": "hello there", "display_kind": "user_turn", "platform_message_id": 7, "ignored_key": 1}},
+        overrides={
+            0: {"content": "hello there", "display_kind": "user_turn", "platform_message_id": 7, "ignored_key": 1}
+        },
     )
     proj.catch_up(log)
     row = proj.messages("s")[0]
@@ -826,7 +878,14 @@ def test_new_override_for_a_stored_message_updates_row_and_search(tmp_path: Path
 
 
 def test_carried_message_keeps_its_display_override(log: EventLog, proj: SQLiteProjection) -> None:
-    msgs = [user("wire q", ), assistant("a1"), user("q2"), assistant("a2")]
+    msgs = [
+        user(
+            "wire q",
+        ),
+        assistant("a1"),
+        user("q2"),
+        assistant("a2"),
+    ]
     log.flush("s", msgs, overrides={2: {"content": "clean q2"}})
     log.compact("s", start=0, end=2, summary=[user("summary")])
     proj.catch_up(log)
@@ -846,10 +905,21 @@ def test_session_metadata_merges_and_counters_add_up(log: EventLog, proj: SQLite
     proj.catch_up(log)
     (session,) = proj.sessions()
     assert (session["title"], session["model"], session["source"]) == ("Renamed", "m1", "cli")
-    assert json.loads(session["metadata"]) == {"title": "Renamed", "model": "m1", "source": "cli", "topic": "x", "owner": "me"}
+    assert json.loads(session["metadata"]) == {
+        "title": "Renamed",
+        "model": "m1",
+        "source": "cli",
+        "topic": "x",
+        "owner": "me",
+    }
     assert (session["input_tokens"], session["output_tokens"], session["api_calls"]) == (150, 7, 2)
     assert session["cost_usd"] == pytest.approx(0.75)
-    assert json.loads(session["counters"]) == {"input_tokens": 150, "cost_usd": 0.75, "output_tokens": 7, "api_calls": 2}
+    assert json.loads(session["counters"]) == {
+        "input_tokens": 150,
+        "cost_usd": 0.75,
+        "output_tokens": 7,
+        "api_calls": 2,
+    }
     assert session["close_reason"] == "user_exit"
     assert session["closed_seq"] == log.last_seq
     records = list(log.events())
@@ -909,7 +979,9 @@ def test_search_finds_live_words_and_not_tombstoned_ones(log: EventLog, proj: SQ
     assert proj.search("capybara") == [] and proj.search("wombat") == []
     # And the raw index agrees: tombstoned rows are gone from it, not filtered.
     db = sqlite3.connect(proj.path)
-    assert db.execute("SELECT count(*) FROM messages_fts WHERE messages_fts MATCH 'capybara OR wombat'").fetchone() == (0,)
+    assert db.execute("SELECT count(*) FROM messages_fts WHERE messages_fts MATCH 'capybara OR wombat'").fetchone() == (
+        0,
+    )
 
 
 def test_search_ranks_filters_limits_and_snippets(log: EventLog, proj: SQLiteProjection) -> None:
@@ -926,7 +998,9 @@ def test_search_ranks_filters_limits_and_snippets(log: EventLog, proj: SQLitePro
     assert [h["content"] for h in proj.search('"apple tart"')] == ["apple tart"]
 
 
-@pytest.mark.parametrize("query", ['"unbalanced', "", "\ud800", b"bytes"], ids=["syntax", "empty", "surrogate", "bytes"])
+@pytest.mark.parametrize(
+    "query", ['"unbalanced', "", "\ud800", b"bytes"], ids=["syntax", "empty", "surrogate", "bytes"]
+)
 def test_invalid_search_query_is_a_value_error(proj: SQLiteProjection, query: Any) -> None:
     with pytest.raises(InvalidQueryError) as info:
         proj.search(query)
@@ -982,13 +1056,21 @@ def test_waiting_rows_are_indexed_in_chunks_past_tombstoned_ones(
     assert proj.sync_search() == 10  # rows above the index's mark, tombstoned ones included
     db = sqlite3.connect(proj.path)
     db.execute("CREATE VIRTUAL TABLE temp.v USING fts5vocab(main, messages_fts, row)")
-    assert sorted(t for (t,) in db.execute("SELECT term FROM temp.v")) == ["apple", "banana", "lime", "mango", "nectarine"]
+    assert sorted(t for (t,) in db.execute("SELECT term FROM temp.v")) == [
+        "apple",
+        "banana",
+        "lime",
+        "mango",
+        "nectarine",
+    ]
     assert proj.sync_search() == 0
     _index_is_sound(proj)
     proj.close()
 
 
-def test_tombstone_of_the_last_indexed_row_leaves_the_index(tmp_path: Path, log: EventLog, proj: SQLiteProjection) -> None:
+def test_tombstone_of_the_last_indexed_row_leaves_the_index(
+    tmp_path: Path, log: EventLog, proj: SQLiteProjection
+) -> None:
     # One session: row ids are positions + 1, so the tombstoned row is exactly the index's mark.
     log.flush("s", [user("keep"), assistant("kiwi")])
     proj.catch_up(log)
@@ -1040,7 +1122,7 @@ def test_a_projection_ahead_of_its_log_is_refused(tmp_path):
         shutil.rmtree(path)
         shutil.copytree(tmp_path / "backup", path)  # the log restored from an older copy
         with EventLog.open(path) as log:
-            with pytest.raises(LogMismatchError, match="ahead|ends at"):
+            with pytest.raises(LogMismatchError, match=r"ahead|ends at"):
                 proj.catch_up(log)
             proj.rebuild(log)
             assert [m["content"] for m in proj.messages("s")] == ["one"]

@@ -9,9 +9,9 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from factories import assistant, user
 
 from eventlog import EventLog
-from factories import assistant, user
 
 projections = pytest.importorskip("projections")
 SQLiteProjection = projections.SQLiteProjection
@@ -89,7 +89,9 @@ def test_sync_projections_then_raw_sqlite_and_close_drains(tmp_path: Path) -> No
     proj.close()
 
 
-def test_a_failing_projection_never_fails_the_write_and_catches_up_later(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+def test_a_failing_projection_never_fails_the_write_and_catches_up_later(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
     proj = SQLiteProjection(tmp_path / "p.db")
     blocker = sqlite3.connect(tmp_path / "p.db", timeout=0)
     with EventLog.open(tmp_path / "log", projections=[proj]) as log:
@@ -121,7 +123,6 @@ def test_closing_the_projection_before_the_log_does_not_hang(tmp_path: Path) -> 
     assert raw_count(tmp_path / "p.db") == 2
 
 
-
 def long_pauses(monkeypatch: pytest.MonkeyPatch) -> None:
     """No retry comes by itself within a test: what a test sees is what it asked for."""
     from eventlog import projector
@@ -131,7 +132,9 @@ def long_pauses(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 @contextlib.contextmanager
-def failed_catch_up(tmp_path: Path, messages: list[dict]) -> Iterator[tuple[EventLog, SQLiteProjection, sqlite3.Connection]]:
+def failed_catch_up(
+    tmp_path: Path, messages: list[dict]
+) -> Iterator[tuple[EventLog, SQLiteProjection, sqlite3.Connection]]:
     """An attached projection whose catch-up of a flush of ``messages`` failed: another
     connection holds the projection's write lock (the test lets it go)."""
     proj = SQLiteProjection(tmp_path / "p.db")
@@ -148,7 +151,9 @@ def failed_catch_up(tmp_path: Path, messages: list[dict]) -> Iterator[tuple[Even
         proj.close()
 
 
-def test_a_read_after_a_failed_catch_up_asks_for_another(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
+def test_a_read_after_a_failed_catch_up_asks_for_another(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
     """A lock held a moment too long must not leave the projection behind until some later write,
     nor answer a reader from rows older than its own writes."""
     long_pauses(monkeypatch)

@@ -12,8 +12,8 @@ import time
 from pathlib import Path
 
 import pytest
-
 from crashkit import ROOT, child_env, run_python
+
 from eventlog import EventLog
 
 try:
@@ -119,7 +119,9 @@ def test_a_tool_holding_the_projection_write_lock_never_loses_a_log_write(tmp_pa
         projection_path = projection.path
     holder = subprocess.Popen(
         [sys.executable, "-c", HOLD_SQLITE_WRITE, projection_path, "3"],
-        stdout=subprocess.PIPE, text=True, env=child_env(),
+        stdout=subprocess.PIPE,
+        text=True,
+        env=child_env(),
     )
     try:
         assert holder.stdout is not None and holder.stdout.readline().strip() == "ready"
@@ -138,9 +140,26 @@ def test_a_tool_holding_the_projection_write_lock_never_loses_a_log_write(tmp_pa
 def test_soak_runner_smoke(tmp_path: Path) -> None:
     out = tmp_path / "soak.json"
     done = subprocess.run(
-        [sys.executable, str(ROOT / "scripts" / "soak.py"), "--procs", "2", "--sessions", "2", "--seconds", "1.5",
-         "--durability", "none", "--workdir", str(tmp_path / "w"), "--json", str(out)],
-        capture_output=True, text=True, timeout=120, env=child_env(),
+        [
+            sys.executable,
+            str(ROOT / "scripts" / "soak.py"),
+            "--procs",
+            "2",
+            "--sessions",
+            "2",
+            "--seconds",
+            "1.5",
+            "--durability",
+            "none",
+            "--workdir",
+            str(tmp_path / "w"),
+            "--json",
+            str(out),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=child_env(),
     )
     assert done.returncode == 0, done.stdout + done.stderr
     figures = json.loads(out.read_text())
@@ -151,8 +170,17 @@ def test_soak_runner_smoke(tmp_path: Path) -> None:
 def test_crash_harness_command_line_smoke(tmp_path: Path) -> None:
     done = run_python(
         "import runpy, sys; sys.argv = sys.argv[1:]; runpy.run_path(sys.argv[0], run_name='__main__')",
-        str(ROOT / "scripts" / "crash_harness.py"), "--kills", "3", "--durability", "none", "--seed", "1",
-        "--workdir", str(tmp_path / "w"), "--json", str(tmp_path / "r.json"),
+        str(ROOT / "scripts" / "crash_harness.py"),
+        "--kills",
+        "3",
+        "--durability",
+        "none",
+        "--seed",
+        "1",
+        "--workdir",
+        str(tmp_path / "w"),
+        "--json",
+        str(tmp_path / "r.json"),
         timeout=120,
     )
     assert done.returncode == 0, done.stdout + done.stderr

@@ -14,8 +14,8 @@ from pathlib import Path
 
 import lmdb
 import pytest
-
 from crashkit import Child, load_script, run_python
+
 from eventlog import EventLog
 
 harness = load_script("crash_harness")
@@ -159,6 +159,7 @@ def test_an_exclusive_rebuild_killed_midway_leaves_the_old_projection(tmp_path: 
             projection.catch_up(log)
         last = log.last_seq
     before = harness._tables(db)
+
     def left_wal() -> bool:  # bytes 18-19 of the header: 2 in WAL mode, 1 with a rollback journal
         return db.read_bytes()[18:20] == b"\x01\x01"
 

@@ -39,7 +39,13 @@ def shared_log(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EventLog]:
 
 # -- values -------------------------------------------------------------------------
 
-json_scalars = st.none() | st.booleans() | st.integers(-(2**63), 2**64 - 1) | st.floats(allow_nan=False, allow_infinity=False) | st.text()
+json_scalars = (
+    st.none()
+    | st.booleans()
+    | st.integers(-(2**63), 2**64 - 1)
+    | st.floats(allow_nan=False, allow_infinity=False)
+    | st.text()
+)
 json_values = st.recursive(
     json_scalars,
     lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=8), inner, max_size=4),
@@ -97,7 +103,12 @@ def _same(a: Any, b: Any) -> bool:
 
 
 @settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
-@given(content=json_values, extra=st.dictionaries(st.text(min_size=1, max_size=6).filter(lambda k: not k.startswith("_")), json_values, max_size=3))
+@given(
+    content=json_values,
+    extra=st.dictionaries(
+        st.text(min_size=1, max_size=6).filter(lambda k: not k.startswith("_")), json_values, max_size=3
+    ),
+)
 def test_json_like_messages_round_trip_exactly(shared_log: EventLog, content: Any, extra: dict[str, Any]) -> None:
     session = f"rt-{uuid.uuid4().hex}"
     message = {"role": "user", "content": content, **extra}
@@ -128,7 +139,9 @@ def poisoned(draw: st.DrawFn) -> tuple[list[dict[str, Any]], int, str]:
 
 @settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(case=poisoned())
-def test_bad_values_are_refused_naming_index_and_path_and_nothing_is_written(shared_log: EventLog, case: tuple[list[dict[str, Any]], int, str]) -> None:
+def test_bad_values_are_refused_naming_index_and_path_and_nothing_is_written(
+    shared_log: EventLog, case: tuple[list[dict[str, Any]], int, str]
+) -> None:
     messages, index, path = case
     session = f"bad-{uuid.uuid4().hex}"
     before = shared_log.last_seq
@@ -146,7 +159,11 @@ def test_bad_values_are_refused_naming_index_and_path_and_nothing_is_written(sha
 
 
 def test_scaffolding_before_a_bad_message_does_not_shift_the_index_named(log: EventLog) -> None:
-    messages = [{"role": "user", "content": "ok"}, {"role": "assistant", "_thinking_prefill": True}, {"role": "user", "content": b"x"}]
+    messages = [
+        {"role": "user", "content": "ok"},
+        {"role": "assistant", "_thinking_prefill": True},
+        {"role": "user", "content": b"x"},
+    ]
     with pytest.raises(InvalidMessageError, match=r"^messages\[2\]\[\"content\"\]"):
         log.flush("s", messages)
     assert log.last_seq == 0
@@ -249,7 +266,9 @@ def test_hostile_session_ids_are_stored_as_themselves_and_stay_inside_the_log(tm
         (42, TypeError),
     ],
 )
-def test_invalid_session_ids_are_refused_before_anything_is_written(log: EventLog, session_id: Any, error: type[Exception]) -> None:
+def test_invalid_session_ids_are_refused_before_anything_is_written(
+    log: EventLog, session_id: Any, error: type[Exception]
+) -> None:
     with pytest.raises(error):
         log.flush(session_id, [{"role": "user", "content": "x"}])
     with pytest.raises(error):
@@ -266,7 +285,9 @@ def test_hostile_session_ids_reach_the_projection_as_data_not_sql(tmp_path: Path
         for i, session_id in enumerate(HOSTILE_IDS):
             rows = projection.messages(session_id)
             assert [row["content"] for row in rows] == [f"message {i} from {session_id}"]
-        assert sorted(s["id"] if "id" in s else s.get("session_id") for s in projection.sessions()) == sorted(HOSTILE_IDS)
+        assert sorted(s["id"] if "id" in s else s.get("session_id") for s in projection.sessions()) == sorted(
+            HOSTILE_IDS
+        )
         # The tables are all still there and hold what the log says.
         assert len(projection.search("message", limit=100)) == len(HOSTILE_IDS)
     assert re.match(r"^[0-9a-f]{32}$", log.id)

@@ -15,7 +15,9 @@ import eventlog.spill
 from eventlog import EventLog, EventLogError, InvalidMessageError, StorageFullError
 from eventlog.spill import SpillingWriter, read_spill, recover, spill_name
 
-valid_ids = st.text(min_size=1, max_size=40).filter(lambda s: "\x00" not in s and s.encode("utf-8", "surrogatepass") and _utf8(s))
+valid_ids = st.text(min_size=1, max_size=40).filter(
+    lambda s: "\x00" not in s and s.encode("utf-8", "surrogatepass") and _utf8(s)
+)
 
 
 def _utf8(text: str) -> bool:
@@ -35,7 +37,9 @@ def test_distinct_session_ids_never_share_a_spill_file(a: str, b: str) -> None:
     assert (spill_name(a) == spill_name(b)) == (a == b)
 
 
-@pytest.mark.parametrize("session_id", ["../../etc/passwd", "/abs", "..", ".hidden", "a/b\\c", "x" * 256, "ünï 会话", "'; DROP--"])
+@pytest.mark.parametrize(
+    "session_id", ["../../etc/passwd", "/abs", "..", ".hidden", "a/b\\c", "x" * 256, "ünï 会话", "'; DROP--"]
+)
 def test_spill_names_are_plain_file_names(tmp_path: Path, session_id: str) -> None:
     name = spill_name(session_id)
     assert "/" not in name and "\\" not in name and not name.startswith(".") and len(name) < 100
@@ -88,7 +92,9 @@ def test_a_turn_the_full_log_refuses_is_spilled_and_recovered_exactly_once(tmp_p
     with EventLog.open(tmp_path / "log", max_map_size=64 << 20) as log:
         report = recover(log, spill)
         assert report.ok and report.recovered == ["chat"] and report.appended == 4
-        assert [m["content"] for m in log.messages("chat")] == [m["content"] for m in turn if "_thinking_prefill" not in m]
+        assert [m["content"] for m in log.messages("chat")] == [
+            m["content"] for m in turn if "_thinking_prefill" not in m
+        ]
         assert not list(spill.glob("*.jsonl"))
         seq = log.last_seq
         assert recover(log, spill).recovered == []
@@ -136,7 +142,11 @@ def test_a_spill_older_than_the_log_is_kept_not_applied_over_newer_history(tmp_p
         log.flush("chat", _turns(2, 10))
     log, _ = _full_log(path)
     with log:
-        assert SpillingWriter(log, spill).flush("chat", [_turns(1, 10)[0], {"role": "user", "content": "x" * 30_000}]).spilled
+        assert (
+            SpillingWriter(log, spill)
+            .flush("chat", [_turns(1, 10)[0], {"role": "user", "content": "x" * 30_000}])
+            .spilled
+        )
     with EventLog.open(path, max_map_size=64 << 20) as log:
         newer = [*_turns(2, 10), {"role": "user", "content": "written later by another process"}]
         log.flush("chat", newer)
@@ -184,5 +194,8 @@ def test_summaries_overrides_and_unicode_survive_the_spill(tmp_path: Path) -> No
     assert messages[0]["_compressed_summary"] is True and overrides == {0: {"display": "hi"}}
     with EventLog.open(tmp_path / "log") as log:
         assert recover(log, spill).recovered == ["s/../x"]
-        assert log.messages("s/../x") == [{"role": "user", "content": "привет \x00 🧪"}, {"role": "assistant", "content": "ok"}]
+        assert log.messages("s/../x") == [
+            {"role": "user", "content": "привет \x00 🧪"},
+            {"role": "assistant", "content": "ok"},
+        ]
         assert log.history("s/../x")[0].override == {"display": "hi"}

@@ -18,8 +18,8 @@ from pathlib import Path
 
 import lmdb
 import pytest
-
 from crashkit import raw_env, raw_events, run_python
+
 from eventlog import CorruptLogError, EventLog, EventLogError, ReadOnlyError, StorageFullError
 
 
@@ -78,7 +78,9 @@ def tmpfs(tmp_path: Path) -> Iterator[Path]:
     try:
         done = subprocess.run(
             ["mount", "-t", "tmpfs", "-o", "size=3m", "tmpfs", str(mountpoint)],
-            capture_output=True, text=True, timeout=20,
+            capture_output=True,
+            text=True,
+            timeout=20,
         )
     except (OSError, subprocess.SubprocessError) as e:
         pytest.skip(f"cannot mount a tmpfs here: {e}")
@@ -151,8 +153,6 @@ def _small_log(path: Path) -> dict[str, list[dict[str, object]]]:
         log.update_session("a", title="t", input_tokens=3)
         log.close_session("b", reason="done")
         return {s: log.messages(s) for s in log.sessions()}
-
-
 
 
 def _put_event(path: Path, key: bytes, value: bytes, *, delete: bytes | None = None) -> None:
@@ -296,7 +296,9 @@ except EventLogError as e:
 def _probe(path: Path) -> tuple[int, dict[str, object]]:
     """Open, verify and read a damaged log in a child (LMDB may crash the process on some damage)."""
     done = run_python(PROBE, str(path), timeout=60)
-    return done.returncode, (json.loads(done.stdout) if done.returncode == 0 and done.stdout else {"stderr": done.stderr[-500:]})
+    return done.returncode, (
+        json.loads(done.stdout) if done.returncode == 0 and done.stdout else {"stderr": done.stderr[-500:]}
+    )
 
 
 def test_a_truncated_data_file_is_a_clear_error_not_a_crash(tmp_path: Path) -> None:

@@ -14,13 +14,11 @@ import random
 from pathlib import Path
 
 import pytest
+from crashkit import raw_env, raw_events
 
 from eventlog import CorruptLogError, EventLog
 from eventlog.replay import paused_gc
 from eventlog.store import LINK, SEQ, STATE, chain_key, state_key
-
-from crashkit import raw_env, raw_events
-
 
 
 def _message(i: int) -> dict[str, object]:
@@ -61,7 +59,6 @@ def _get(path: Path, db: bytes, key: bytes) -> bytes:
             return value
     finally:
         env.close()
-
 
 
 def _put(path: Path, db: bytes, key: bytes, value: bytes) -> None:
@@ -109,13 +106,17 @@ def test_a_changed_byte_in_any_event_never_gives_a_wrong_transcript(tmp_path: Pa
 
 
 @pytest.mark.parametrize("field", ["length", "head", "last_seq"])
-def test_an_append_only_session_whose_state_disagrees_with_its_events_is_a_corrupt_log_error(tmp_path: Path, field: str) -> None:
+def test_an_append_only_session_whose_state_disagrees_with_its_events_is_a_corrupt_log_error(
+    tmp_path: Path, field: str
+) -> None:
     path = tmp_path / "log"
     _multi_event_log(path, edit=False)
     number = _session_number(path, "s")
     length, head, last_seq, last_hash, closed = STATE.unpack(_get(path, b"index", state_key(number)))
     with EventLog.open(path) as log:
-        appends = [r.seq for r in log.events() if r.event.session == "s" and type(r.event).__name__ == "MessagesAppended"]
+        appends = [
+            r.seq for r in log.events() if r.event.session == "s" and type(r.event).__name__ == "MessagesAppended"
+        ]
     assert last_seq == appends[-1]
     if field == "length":
         length -= 1

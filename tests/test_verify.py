@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import lmdb
 import pytest
+from factories import assistant, user
 
 from eventlog import EventLog
-from factories import assistant, user
 
 
 def build(path):
@@ -143,13 +143,17 @@ def test_a_changed_byte_of_a_tombstone_or_fork_never_gives_a_wrong_history(tmp_p
     def reads(log):
         out = []
         for session in ("s", "b"):
-            out.append([(o.position, o.node, o.origin, o.source, o.override, o.tombstone) for o in log.history(session)])
+            out.append(
+                [(o.position, o.node, o.origin, o.source, o.override, o.tombstone) for o in log.history(session)]
+            )
             out.extend(log.messages(session, as_of=seq) for seq in range(1, log.last_seq + 1))
         return out
 
     with EventLog.open(path, readonly=True) as log:
         expected = reads(log)
-        structural = [r.seq for r in log.events() if isinstance(r.event, (events.MessagesTombstoned, events.SessionOpened))]
+        structural = [
+            r.seq for r in log.events() if isinstance(r.event, (events.MessagesTombstoned, events.SessionOpened))
+        ]
     assert len(structural) == 4  # two opens (one a fork), an edit's and a compaction's tombstones
     for seq in structural:
         original = []
@@ -194,7 +198,10 @@ def build_with_override(path):
 @pytest.mark.parametrize(
     ("damage", "fragment"),
     [
-        (lambda p: tamper(p, b"index", _index_key(1, b"n", 0), lambda v: v.replace(b"q1", b"Q1")), "display overrides of session 's'"),
+        (
+            lambda p: tamper(p, b"index", _index_key(1, b"n", 0), lambda v: v.replace(b"q1", b"Q1")),
+            "display overrides of session 's'",
+        ),
         (lambda p: _put(p, b"index", _index_key(2, b"n", 0), None), "display overrides of session 'f'"),
         (lambda p: _put(p, b"index", _index_key(1, b"n", 1), bytes(32) + b"\x80"), "display overrides of session 's'"),
         (lambda p: _put(p, b"index", _index_key(9, b"h"), bytes(81)), "session number 9, which no indexed session has"),
@@ -202,7 +209,15 @@ def build_with_override(path):
         (lambda p: _put(p, b"meta", b"next_sid", seq_key(2)), "session counter is not past session number 2"),
         (lambda p: _put(p, b"sessions", b"f", seq_key(1)), "'f' is indexed under another number"),
     ],
-    ids=["override-changed", "override-lost", "override-added", "stray-number", "unknown-kind", "counter-moved-back", "session-renumbered"],
+    ids=[
+        "override-changed",
+        "override-lost",
+        "override-added",
+        "stray-number",
+        "unknown-kind",
+        "counter-moved-back",
+        "session-renumbered",
+    ],
 )
 def test_damage_to_what_verify_once_skipped_is_found(tmp_path, damage, fragment):
     path = tmp_path / "l"
@@ -228,7 +243,12 @@ def test_a_session_counter_moved_back_never_gives_a_new_session_anothers_message
 
 @pytest.mark.parametrize(
     ("db", "key"),
-    [(b"index", _index_key(1, b"h")), (b"index", _index_key(1, b"c", 1)), (b"sessions", b"s"), (b"index", _index_key(1, b"n", 0))],
+    [
+        (b"index", _index_key(1, b"h")),
+        (b"index", _index_key(1, b"c", 1)),
+        (b"sessions", b"s"),
+        (b"index", _index_key(1, b"n", 0)),
+    ],
     ids=["state", "chain-entry", "session-number", "override"],
 )
 def test_an_index_entry_of_the_wrong_length_is_reported_as_damage(tmp_path, db, key):
