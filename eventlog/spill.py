@@ -285,7 +285,7 @@ def recover(log: EventLog, spill_dir: str | os.PathLike[str]) -> RecoveryReport:
         if path.name != spill_name(session_id):
             report.kept[path.name] = f"names session {session_id!r}, whose spill file is {spill_name(session_id)}"
             continue
-        stored = log.messages(session_id) if session_id in log else []
+        stored = log.messages(session_id)
         wanted = [codec.encode(codec.strip(m)) for m in messages]
         have = [codec.encode(m) for m in stored]
         if len(wanted) <= len(have) and have[: len(wanted)] == wanted and not overrides:
