@@ -326,7 +326,18 @@ class SQLiteProjection:
             return 0
         if last and fresh[0].seq == last + 1:
             applied = self._db.execute("SELECT last_hash FROM checkpoint").fetchone()[0]
-            if applied is not None and fresh[0].prev_hash != applied:
+            if applied is None:
+                # No hash to chain to (moved by code that knows nothing of it, or by hand): every
+                # applied event records its seq on its session's row, so the newest of those must
+                # be the checkpoint, or events were skipped.
+                newest = self._db.execute("SELECT coalesce(max(last_seq), 0) FROM sessions").fetchone()[0]
+                if newest != last:
+                    raise ProjectionCorruptError(
+                        f"{self.path}: the checkpoint says events up to {last} were applied, but the "
+                        f"newest event the projection holds is {newest}: the checkpoint was moved "
+                        "without its rows; rebuild(log) to project the log again"
+                    )
+            elif fresh[0].prev_hash != applied:
                 raise LogMismatchError(
                     f"{self.path}: event {last + 1} of the log does not follow the event {last} this "
                     "projection applied: the log's history differs (restored from an older copy?); "
