@@ -769,7 +769,7 @@ class Store:
         cursor = txn.cursor(db=self.events)
         if not cursor.last():
             return 0, bytes(32)
-        seq = SEQ.unpack(cursor.key())[0]
+        seq = self.seq_of(cursor.key())
         # The open write transaction's own last event, else the last committed one
         # this process knows; anything else (another process wrote) is hashed afresh.
         for known in (self._pending_tail, self._tail):
@@ -779,7 +779,13 @@ class Store:
 
     def last_seq(self, txn: lmdb.Transaction) -> int:
         cursor = txn.cursor(db=self.events)
-        return SEQ.unpack(cursor.key())[0] if cursor.last() else 0
+        return self.seq_of(cursor.key()) if cursor.last() else 0
+
+    def seq_of(self, key: bytes | memoryview) -> int:
+        """The seq an ``events`` key names; :class:`CorruptLogError` naming a malformed one."""
+        if len(key) != SEQ.size:
+            raise CorruptLogError(f"{self.path}: the events table has a malformed key {bytes(key).hex()} (run verify)")
+        return int(SEQ.unpack(key)[0])
 
     def session(self, txn: lmdb.Transaction, session_id: str) -> SessionState | None:
         raw = txn.get(session_id.encode("utf-8"), db=self.sessions)
@@ -1008,7 +1014,7 @@ def iter_events(store: Store, after: int = 0, batch: int = 1024) -> Iterator[Rec
             if not cursor.set_range(SEQ.pack(nxt)):
                 return
             for key, value in cursor:
-                chunk.append((SEQ.unpack(key)[0], value))
+                chunk.append((store.seq_of(key), value))
                 if len(chunk) >= batch:
                     break
         for seq, raw in chunk:

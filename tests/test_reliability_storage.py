@@ -448,3 +448,26 @@ def test_lmdb_errors_become_errors_a_caller_can_act_on(tmp_path: Path) -> None:
     assert isinstance(damaged, CorruptLogError) and "damaged" in str(damaged)
     panic = translate(lmdb.PanicError("MDB_PANIC"), str(tmp_path))
     assert type(panic) is EventLogError and "open it again" in str(panic)
+
+
+def test_a_malformed_last_event_key_is_a_corrupt_log_error_naming_the_key(tmp_path: Path) -> None:
+    from click.testing import CliRunner
+
+    from eventlog.cli import cli
+
+    path = tmp_path / "log"
+    _small_log(path)
+    key, value = raw_events(path)[-1]
+    bad = key + b"\x00"  # nine bytes: sorts after every seq key, so it is the last key
+    _put_event(path, bad, value, delete=key)
+    with EventLog.open(path) as log:
+        report = log.verify()
+        assert not report.ok and bad.hex() in str(report.problems)
+        for read in (lambda: log.last_seq, lambda: list(log.events()), lambda: log.flush("new", [{"role": "user"}])):
+            with pytest.raises(CorruptLogError, match=bad.hex()):
+                read()
+    for command in (["verify"], ["sessions"]):
+        result = CliRunner().invoke(cli, ["--log", str(path), *command])
+        assert result.exit_code != 0 and "Traceback" not in result.output, result.output
+        errors = [line for line in result.output.splitlines() if line.startswith("Error:")]
+        assert command == ["verify"] or len(errors) == 1, result.output
