@@ -715,9 +715,11 @@ class EventLog:
                     live = live[len(live) - last :] if last else []
                 out = reader.messages((bytes.fromhex(occurrences[i].digest), *occurrences[i].source) for i in live)
             elif last is not None:
+                reader.current(session_id, state)
                 start = max(0, state.length - last)
                 out = reader.messages(store.locations(txn, state.number, state.length, start))
             else:
+                reader.current(session_id, state)
                 with paused_gc(state.length):
                     found = reader.appended(state)
                     out = (

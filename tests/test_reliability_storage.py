@@ -471,3 +471,66 @@ def test_a_malformed_last_event_key_is_a_corrupt_log_error_naming_the_key(tmp_pa
         assert result.exit_code != 0 and "Traceback" not in result.output, result.output
         errors = [line for line in result.output.splitlines() if line.startswith("Error:")]
         assert command == ["verify"] or len(errors) == 1, result.output
+
+
+def _index_entries(path: Path, number: int) -> dict[bytes, bytes]:
+    env = raw_env(path)
+    try:
+        with env.begin() as txn:
+            cursor = txn.cursor(db=env.open_db(b"index", txn=txn))
+            prefix = number.to_bytes(8, "big")
+            return {bytes(k): bytes(v) for k, v in cursor if bytes(k).startswith(prefix)}
+    finally:
+        env.close()
+
+
+def _put_index(path: Path, number: int, entries: dict[bytes, bytes]) -> None:
+    """Replace session ``number``'s index entries with ``entries``: what a lost page write leaves."""
+    env = raw_env(path)
+    try:
+        with env.begin(write=True) as txn:
+            db = env.open_db(b"index", txn=txn)
+            for key in _index_entries_in(txn, db, number):
+                txn.delete(key, db=db)
+            for key, value in entries.items():
+                txn.put(key, value, db=db)
+    finally:
+        env.close()
+
+
+def _index_entries_in(txn: lmdb.Transaction, db: object, number: int) -> list[bytes]:
+    prefix = number.to_bytes(8, "big")
+    return [bytes(k) for k in txn.cursor(db=db).iternext(values=False) if bytes(k).startswith(prefix)]
+
+
+@pytest.mark.parametrize("shape", ["appended", "rewound"])
+@pytest.mark.parametrize("stale", ["state and chain", "state", "chain"])
+def test_a_stale_index_page_is_an_error_not_an_older_transcript(tmp_path: Path, shape: str, stale: str) -> None:
+    path = tmp_path / "log"
+    first = [{"role": "user", "content": "question"}, {"role": "assistant", "content": "answer"}]
+    with EventLog.open(path) as log:
+        log.flush("s", first)
+        if shape == "rewound":
+            first = [first[0], {"role": "assistant", "content": "edited"}]
+            log.flush("s", first)
+    env = raw_env(path)
+    with env.begin() as txn:
+        number = int.from_bytes(txn.get(b"s", db=env.open_db(b"sessions", txn=txn)), "big")
+    env.close()
+    before = _index_entries(path, number)
+    with EventLog.open(path) as log:
+        log.flush("s", [*first, {"role": "user", "content": "acknowledged"}])
+    after = _index_entries(path, number)
+    state = number.to_bytes(8, "big") + b"h"
+    if stale == "state and chain":
+        _put_index(path, number, before)
+    elif stale == "state":
+        _put_index(path, number, {**after, state: before[state]})
+    else:
+        _put_index(path, number, {**before, state: after[state]})
+    with EventLog.open(path) as log:
+        with pytest.raises(CorruptLogError, match="session|chain"):
+            log.messages("s")
+        with pytest.raises(CorruptLogError):
+            log.messages("s", last=1)
+        assert not log.verify().ok
