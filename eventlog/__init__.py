@@ -23,11 +23,11 @@ from .errors import (
     UnknownSessionError,
 )
 from .log import COUNTERS, EMPTY_HEAD, EventLog, FlushResult, check_session_id
-from .replay import Occurrence, Tombstone, repair
+from .replay import Occurrence, SessionInfo, Tombstone, repair
 from .snapshot import EPHEMERAL_FLAGS, is_ephemeral
 from .spill import RecoveryReport, SpillingWriter, SpillResult, recover
 from .store import Record
-from .verify import Problem, VerifyReport
+from .verify import LogHead, Problem, VerifyReport
 
 __all__ = [
     "COUNTERS",
@@ -40,11 +40,13 @@ __all__ = [
     "FlushResult",
     "HistoryMismatchError",
     "InvalidMessageError",
+    "LogHead",
     "Occurrence",
     "Problem",
     "ReadOnlyError",
     "Record",
     "RecoveryReport",
+    "SessionInfo",
     "SpillResult",
     "SpillingWriter",
     "StorageFullError",
