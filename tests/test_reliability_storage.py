@@ -529,7 +529,7 @@ def test_a_stale_index_page_is_an_error_not_an_older_transcript(tmp_path: Path, 
     else:
         _put_index(path, number, {**before, state: after[state]})
     with EventLog.open(path) as log:
-        with pytest.raises(CorruptLogError, match="session|chain"):
+        with pytest.raises(CorruptLogError, match=r"session|chain"):
             log.messages("s")
         with pytest.raises(CorruptLogError):
             log.messages("s", last=1)
