@@ -682,13 +682,20 @@ def verify(expect: list[LogHead], as_json: bool) -> None:
 
     On failure prints which event is wrong and what differs, and exits 1.
     """
-    with _open_log() as log, _progress() as bar:
-        task = bar.add_task("verify", total=None)
+    from .verify import verify_files
 
-        def advance(done: int, total: int) -> None:
-            bar.update(task, completed=done, total=max(total, 1))
+    try:
+        log = _open_log()
+    except EventLogError as e:  # damaged beyond opening: report what the file shows
+        report = verify_files(_settings().log_path, e)
+    else:
+        with log, _progress() as bar:
+            task = bar.add_task("verify", total=None)
 
-        report = log.verify(progress=advance, expect=expect)
+            def advance(done: int, total: int) -> None:
+                bar.update(task, completed=done, total=max(total, 1))
+
+            report = log.verify(progress=advance, expect=expect)
     if as_json:
         _print_json(
             {
@@ -697,6 +704,9 @@ def verify(expect: list[LogHead], as_json: bool) -> None:
                 "sessions": report.sessions,
                 "messages": report.messages,
                 "problems": [{"seq": p.seq, "what": p.what} for p in report.problems],
+                "damaged_pages": [
+                    {"page": d.pgno, "table": d.table, "seqs": d.seqs, "what": d.what} for d in report.damaged_pages
+                ],
             }
         )
     elif report.ok:
