@@ -25,7 +25,7 @@ from eventlog.events import MessagesAppended
 
 from . import schema
 from .apply import Applier, index_pending
-from .errors import InvalidQueryError, LogMismatchError, ProjectionCorruptError, ProjectionError
+from .errors import InvalidQueryError, LogMismatchError, NotAProjectionError, ProjectionCorruptError, ProjectionError
 
 if TYPE_CHECKING:
     from eventlog import EventLog
@@ -93,7 +93,12 @@ class SQLiteProjection:
             raise
 
     def _set_up(self) -> None:
-        schema.refuse_foreign(self._db, self.path)  # before a pragma changes the file
+        try:
+            schema.refuse_foreign(self._db, self.path)  # before a pragma changes the file
+        except sqlite3.DatabaseError as e:
+            if e.sqlite_errorcode != sqlite3.SQLITE_NOTADB:
+                raise
+            raise NotAProjectionError(self.path, "not a SQLite database") from e
         # Rows hold the message twice (text projection and JSON), about 2 KB: with 16 KiB
         # pages they pack six to a page instead of one to a 4 KiB page, and bulk writes and
         # commits cost a third less.  Only a new file takes it.
