@@ -434,7 +434,7 @@ def show(session: str, as_of: int | None, repair: bool, full: bool, as_json: boo
             return
         history = log.history(session)
     markers = _markers(history)
-    lines = []
+    lines: list[str] = []
     for occurrence in history:
         if occurrence.tombstone is None:
             lines.extend(markers.pop(occurrence.position, ()))

@@ -85,7 +85,7 @@ def _holding(locks: list[Any], run: Callable[[], T]) -> T:
 
 def _room(prepared: Prepared, stored: int) -> int:
     """Bytes a write of ``prepared`` onto ``stored`` messages may add to the map, at most."""
-    nbytes = sum(map(len, filter(None, prepared.bodies[stored:]))) + 200 * len(prepared.bodies)
+    nbytes = sum(len(body) for body in prepared.bodies[stored:] if body is not None) + 200 * len(prepared.bodies)
     if stored < prepared.released:  # bodies let go will be encoded again: count them at their average size
         nbytes += prepared.released_bytes * (prepared.released - stored) // prepared.released
     return nbytes
@@ -514,7 +514,7 @@ class EventLog:
             raise TypeError(f"messages must be a list of message dicts, not {type(messages).__name__}")
         prepared = prepare(messages, None, ephemeral=self._ephemeral, chain=False)
 
-        self._store.reserve(sum(map(len, prepared.bodies)) + 200 * len(prepared.bodies))
+        self._store.reserve(_room(prepared, 0))
         result = self._store.write(lambda txn: self._writer.append(txn, session_id, prepared, expected))
         self._cache.discard(session_id)
         self._after_write()
@@ -616,7 +616,7 @@ class EventLog:
         """The ids of every session in the log, sorted."""
         with self._store.read() as txn:
             cursor = txn.cursor(db=self._store.sessions)
-            return [key.decode("utf-8") for key in cursor.iternext(keys=True, values=False)]
+            return [str(key, "utf-8") for key in cursor.iternext(keys=True, values=False)]
 
     def __contains__(self, session_id: object) -> bool:
         if not isinstance(session_id, str):

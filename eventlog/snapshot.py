@@ -358,7 +358,7 @@ def release(prepared: Prepared) -> None:
         for j in range(start, stop):
             if fast[kept[j]] == bodies[j]:  # not for a message with `_` keys or scaffolding
                 fast[kept[j]] = RELEASED
-    prepared.released_bytes += sum(map(len, bodies[start:stop]))
+    prepared.released_bytes += sum(len(body) for body in bodies[start:stop] if body is not None)
     prepared.released = stop  # first: a body still held below it is only encoded again
     bodies[start:stop] = [None] * (stop - start)
 
@@ -419,7 +419,7 @@ class _Number:
             return True
         if type(other) is not type(value) or other != value:
             return False
-        return value != 0 or copysign(1.0, other) == copysign(1.0, value)  # type: ignore[arg-type]
+        return value != 0 or copysign(1.0, other) == copysign(1.0, value)
 
     __hash__ = None  # type: ignore[assignment]
 

@@ -21,6 +21,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from hashlib import sha256
 
+import lmdb
+
 from . import codec
 from . import events as ev
 from .codec import ZERO
@@ -243,7 +245,7 @@ def _track_notes(
 
 def _check_indexes(
     store: Store,
-    txn,
+    txn: lmdb.Transaction,
     chains: dict[str, list[tuple[bytes, bytes, int, int]]],
     notes: dict[str, dict[int, bytes]],
     numbers: dict[str, int],
@@ -256,7 +258,7 @@ def _check_indexes(
     seen = 0
     for key, raw in txn.cursor(db=store.sessions):
         seen += 1
-        session = key.decode("utf-8", "replace")
+        session = str(key, "utf-8", "replace")
         if session not in chains:
             problems.append(Problem(0, f"index: session {session!r} has no events"))
         elif len(raw) != SEQ.size or SEQ.unpack(raw)[0] != numbers.get(session):
