@@ -6,7 +6,7 @@ import logging
 import os
 import threading
 import time
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from typing import Any, TypeVar
 
 from . import codec
@@ -16,7 +16,7 @@ from .projector import Projection, Projector, bind
 from .replay import BodyReader, Occurrence, fill, paused_gc, repair, replay
 from .snapshot import ChangedSince, Prepared, SnapshotCache, is_ephemeral, prepare, release
 from .store import Record, Store, iter_events
-from .verify import VerifyReport, verify
+from .verify import LogHead, VerifyReport, verify
 from .writer import EMPTY_HEAD, SUMMARY_KEY, FlushResult, Writer, _head_hex
 
 __all__ = ["COUNTERS", "EMPTY_HEAD", "SUMMARY_KEY", "EventLog", "FlushResult", "Projection", "check_session_id"]
@@ -674,14 +674,27 @@ class EventLog:
         """The events with ``seq > after``, in order (``seq`` is gapless from 1)."""
         return iter_events(self._store, after)
 
-    def verify(self, *, progress: Callable[[int, int], None] | None = None) -> VerifyReport:
+    def log_head(self) -> LogHead | None:
+        """The newest event's seq and hash, to write down and check later; None for an empty log.
+
+        ``verify(expect=[head])`` then fails on a log that no longer holds that event
+        with that hash: a restored older copy, or a history rewritten and resealed.
+        """
+        with self._store.read() as txn:
+            seq, digest = self._store.tail(txn)
+        return LogHead(seq, digest.hex()) if seq else None
+
+    def verify(
+        self, *, progress: Callable[[int, int], None] | None = None, expect: Iterable[LogHead] = ()
+    ) -> VerifyReport:
         """Recompute every digest, the event hash chain and the derived indexes.
 
         Returns a :class:`~eventlog.verify.VerifyReport`: ``.ok``, and ``.problems``
         naming the event and what differs.  ``progress(done, total)`` is called as
-        events are checked.
+        events are checked.  ``expect``: heads written down earlier
+        (:meth:`log_head`) that the log must still hold.
         """
-        return verify(self._store, progress=progress)
+        return verify(self._store, progress=progress, expect=expect)
 
     # -- internals -------------------------------------------------------------
 
