@@ -162,7 +162,9 @@ class EventLog:
         ``map_size`` bytes and grows by itself up to ``max_map_size``.  ``cache_messages``
         bounds the snapshot cache, in messages over all sessions (the least recently flushed
         session goes first); on the benchmark's messages each costs about 0.4 KB, 0.8 KB in
-        the default mode once a second flush has copied it.  Each
+        the default mode once a second flush has copied it.  A session longer than
+        ``cache_messages`` keeps copies of its last ``cache_messages`` messages only; a
+        flush then hashes its earlier messages again (once each), not the whole list.  Each
         projection is caught up now, and after every write: on a background thread
         (``project_in_background``, the default), so a write returns once the log has
         committed it, or inside the write call.  Projections that read through their
