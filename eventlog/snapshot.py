@@ -269,18 +269,13 @@ def _extend(
     as_message = codec.as_message
     for index in range(reuse, len(raw)):
         message = raw[index]
-<<<<<<< HEAD
         if type(message) is dict:
             if copying:
-                copies_out(copy_message(message))
+                copies_out(remember(message))
         else:
             message = as_message(message, index)  # a pydantic model: its dump, made anew each flush
             if copying:
-                copies_out(UNCOPYABLE if message is not raw[index] else copy_message(message))
-=======
-        if copying:
-            copies_out(remember(message))
->>>>>>> main
+                copies_out(UNCOPYABLE if message is not raw[index] else remember(message))
         try:
             fast: bytes | None = encode(message)
         except Exception:  # _ keys may hold process-local objects; only canonical bytes matter

@@ -21,18 +21,10 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any
 
-<<<<<<< HEAD
-from eventlog.events import MessagesAppended
-
-from . import schema
-from .apply import Applier, index_pending
-from .errors import InvalidQueryError, LogMismatchError, NotAProjectionError, ProjectionCorruptError, ProjectionError
-=======
 from . import core, schema
 from .core import Applier, Checkpoint, Source
-from .errors import InvalidQueryError, ProjectionError
+from .errors import InvalidQueryError, NotAProjectionError, ProjectionError
 from .sqlite_store import SQLiteStore, index_pending
->>>>>>> main
 
 if TYPE_CHECKING:
     from eventlog.store import Record
