@@ -366,6 +366,7 @@ def test_runner_turns_rewind_and_the_log_shows_what_the_model_is_sent(tmp_path: 
     asyncio.run(main())
 
 
+@pytest.mark.filterwarnings(r"ignore:\[EXPERIMENTAL\] EventsCompactionConfig:UserWarning")
 def test_a_compaction_is_a_compaction_tombstone_and_the_summary_is_what_the_model_reads(tmp_path: Path) -> None:
     async def main() -> None:
         with EventLog.open(tmp_path / "log") as log:
@@ -417,7 +418,9 @@ def test_a_compaction_event_appended_by_hand_tombstones_the_range(tmp_path: Path
             again = EventLogSessionService(log)
             session = await again.get_session(app_name="app", user_id="u", session_id="s")
             assert session is not None
-            await again.append_event(session, Event(author="user", invocation_id="z", content=user("more")))
+            await again.append_event(
+                session, Event(author="user", invocation_id="z", timestamp=1_800_000_010.0, content=user("more"))
+            )
             assert [row["content"] for row in log.messages(transcript)] == ["they added", "two", "more"]
             assert len([o for o in log.history(transcript) if o.tombstone is not None]) == 4
 

@@ -103,10 +103,10 @@ async def scenario(store: ConversationStore) -> list[Any]:
     await look("c1")
     await look("c1", limit=3)
 
-    # Branch from the first two messages, continue there, then switch back.
+    # Branch after the first turn, continue there, then switch back.
     record = await store.read_record("c1")
     assert record is not None
-    branched = await store.branch("c1", at=2, expected_revision=record.revision)
+    branched = await store.branch("c1", at=4, expected_revision=record.revision)
     result = await make_agent().run("alternative", conversation=branched)
     await store.save(result)
     await look("c1")
@@ -116,8 +116,8 @@ async def scenario(store: ConversationStore) -> list[Any]:
     seen.append(("back", shape(back.messages)))
     await look("c1")
 
-    # A fork shares the first two messages and goes its own way.
-    forked = await store.fork("c1", at=2, new_conversation_id="f1")
+    # A fork shares the first turn and goes its own way.
+    forked = await store.fork("c1", at=4, new_conversation_id="f1")
     result = await make_agent().run("fork turn", conversation=forked)
     await store.save(result)
     await look("f1")
@@ -185,11 +185,14 @@ def test_agent_turns_resume_from_the_log_and_the_log_shows_the_conversation(tmp_
             store = EventLogConversationStore(log)
             agent = make_agent()
             for prompt in ["first", "second", "third"]:
-                await turn(store, agent, "chat", prompt)
+                conversation = await store.load("chat") or Conversation(conversation_id="chat")
+                result = await agent.run(prompt, conversation=conversation)
+                await store.save(result)
             loaded = await store.load("chat")
             assert loaded is not None
-            # Each turn: prompt, tool call, tool return, answer.
-            assert len(loaded.messages) == 12
+            # What the last run ended with, message for message (times, ids, tool calls).
+            assert loaded.messages == result.all_messages()
+            assert len(loaded.messages) > 6
             prompts = [
                 part.content
                 for message in loaded.messages
@@ -218,7 +221,7 @@ def test_a_run_sees_the_history_it_resumed(tmp_path: Path) -> None:
             result = await make_agent().run("and now?", conversation=conversation)
             sent = result.all_messages()
             assert shape(sent[:4]) == shape(conversation.messages)
-            assert len(await store.save(result)) == 4  # only the new turn is stored
+            assert len(await store.save(result)) == len(sent) - 4  # only the new turn is stored
 
     asyncio.run(main())
 
@@ -231,18 +234,17 @@ def test_branch_and_delete_are_tombstones_and_forks_share_the_stored_messages(tm
             await turn(store, agent, "c", "one")
             await turn(store, agent, "c", "two")
             record = await store.read_record("c")
-            assert record is not None
+            before = await store.load_entries("c")
+            assert record is not None and before is not None and len(before) > 4
             branched = await store.branch("c", at=4, expected_revision=record.revision)
             await store.save(await agent.run("other two", conversation=branched))
             transcript = store.transcript_session("c")
             reasons = [o.tombstone.reason for o in log.history(transcript) if o.tombstone is not None]
-            assert reasons == ["rewind"] * 4
+            assert reasons == ["rewind"] * (len(before) - 4)
             # The branch it left replays from the log.
             record = await store.read_record("c")
             assert record is not None and len(record.branches) == 1
-            left = await store.read_history(record.branches[0])
-            assert shape([e.message for e in left])[4:] != shape([e.message for e in await store.load_entries("c") or []])[4:]
-            assert len(left) == 8
+            assert await store.read_history(record.branches[0]) == before
 
             forked = await store.fork("c", new_conversation_id="f")
             info = log.session(store.transcript_session("f"))
