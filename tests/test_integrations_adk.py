@@ -16,28 +16,28 @@ import pytest
 pytest.importorskip("google.adk", reason="google-adk is not installed (pip install -e '.[test]')")
 pytest.importorskip("sqlalchemy", reason="google-adk[db] is not installed (pip install -e '.[test]')")
 
-from google.adk.agents import LlmAgent  # noqa: E402
-from google.adk.apps import App  # noqa: E402
-from google.adk.apps.app import EventsCompactionConfig  # noqa: E402
-from google.adk.apps.llm_event_summarizer import LlmEventSummarizer  # noqa: E402
-from google.adk.errors import StaleSessionError  # noqa: E402
-from google.adk.errors.already_exists_error import AlreadyExistsError  # noqa: E402
-from google.adk.errors.session_not_found_error import SessionNotFoundError  # noqa: E402
-from google.adk.events import Event, EventActions  # noqa: E402
-from google.adk.events.event_actions import EventCompaction  # noqa: E402
-from google.adk.models.base_llm import BaseLlm  # noqa: E402
-from google.adk.models.llm_request import LlmRequest  # noqa: E402
-from google.adk.models.llm_response import LlmResponse  # noqa: E402
-from google.adk.runners import Runner  # noqa: E402
-from google.adk.sessions import DatabaseSessionService  # noqa: E402
-from google.adk.sessions.base_session_service import BaseSessionService, GetSessionConfig  # noqa: E402
-from google.adk.sessions.session import Session  # noqa: E402
-from google.genai import types  # noqa: E402
-from pydantic import Field  # noqa: E402
+from google.adk.agents import LlmAgent
+from google.adk.apps import App
+from google.adk.apps.app import EventsCompactionConfig
+from google.adk.apps.llm_event_summarizer import LlmEventSummarizer
+from google.adk.errors import StaleSessionError
+from google.adk.errors.already_exists_error import AlreadyExistsError
+from google.adk.errors.session_not_found_error import SessionNotFoundError
+from google.adk.events import Event, EventActions
+from google.adk.events.event_actions import EventCompaction
+from google.adk.models.base_llm import BaseLlm
+from google.adk.models.llm_request import LlmRequest
+from google.adk.models.llm_response import LlmResponse
+from google.adk.runners import Runner
+from google.adk.sessions import DatabaseSessionService
+from google.adk.sessions.base_session_service import BaseSessionService, GetSessionConfig
+from google.adk.sessions.session import Session
+from google.genai import types
+from pydantic import Field
 
-from eventlog import EventLog  # noqa: E402
-from eventlog.aio import AsyncEventLog  # noqa: E402
-from eventlog.integrations.adk import EventLogSessionService  # noqa: E402
+from eventlog import EventLog
+from eventlog.aio import AsyncEventLog
+from eventlog.integrations.adk import EventLogSessionService
 
 
 class ScriptedModel(BaseLlm):
@@ -165,7 +165,9 @@ async def differential(service: BaseSessionService) -> list[Any]:
         GetSessionConfig(after_timestamp=1_800_000_003.0),
         GetSessionConfig(num_recent_events=1, after_timestamp=1_800_000_002.0),
     ]:
-        seen.append(("filtered", view(await service.get_session(app_name="app", user_id="ann", session_id="s1", config=config))))
+        seen.append(
+            ("filtered", view(await service.get_session(app_name="app", user_id="ann", session_id="s1", config=config)))
+        )
     seen.append(("user state", await service.get_user_state(app_name="app", user_id="ann")))
     seen.append(("no user state", await service.get_user_state(app_name="app", user_id="nobody")))
     seen.append(("list ann", [view(s) for s in (await service.list_sessions(app_name="app", user_id="ann")).sessions]))
@@ -178,7 +180,8 @@ async def differential(service: BaseSessionService) -> list[Any]:
     assert first is not None and second is not None
     await service.append_event(first, Event(id="e6", invocation_id="i3", author="user", timestamp=1_800_000_006.0))
     await attempt(
-        "stale", service.append_event(second, Event(id="e7", invocation_id="i3", author="user", timestamp=1_800_000_007.0))
+        "stale",
+        service.append_event(second, Event(id="e7", invocation_id="i3", author="user", timestamp=1_800_000_007.0)),
     )
     seen.append(("after stale", view(await service.get_session(app_name="app", user_id="ann", session_id="s1"))))
 
@@ -361,7 +364,13 @@ def test_runner_turns_rewind_and_the_log_shows_what_the_model_is_sent(tmp_path: 
             assert session is not None and len(session.events) == 9
             await turns.say("four")
             assert shown(log.sync.messages(transcript))[:-1] == turns.sent()
-            assert turns.sent() == [("user", "hi"), ("model", "add"), ("user", "add"), ("model", "five"), ("user", "four")]
+            assert turns.sent() == [
+                ("user", "hi"),
+                ("model", "add"),
+                ("user", "add"),
+                ("model", "five"),
+                ("user", "four"),
+            ]
 
     asyncio.run(main())
 
@@ -436,4 +445,3 @@ def test_bad_arguments_are_refused_with_what_was_wrong(tmp_path: Path) -> None:
         service = EventLogSessionService(log)
         with pytest.raises(TypeError, match="app_name must be a str"):
             asyncio.run(service.get_session(app_name=None, user_id="u", session_id="s"))  # type: ignore[arg-type]
-

@@ -15,21 +15,21 @@ import pytest
 
 pytest.importorskip("pydantic_ai", reason="pydantic-ai is not installed (pip install -e '.[test]')")
 
-from pydantic_ai import Agent  # noqa: E402
-from pydantic_ai.conversation import Conversation  # noqa: E402
-from pydantic_ai.conversation_store import (  # noqa: E402
+from pydantic_ai import Agent
+from pydantic_ai.conversation import Conversation
+from pydantic_ai.conversation_store import (
     ConversationConflict,
     ConversationEntry,
     ConversationRecord,
     ConversationStore,
     InMemoryConversationStore,
 )
-from pydantic_ai.messages import ModelRequest, UserPromptPart  # noqa: E402
-from pydantic_ai.models.test import TestModel  # noqa: E402
+from pydantic_ai.messages import ModelRequest, UserPromptPart
+from pydantic_ai.models.test import TestModel
 
-from eventlog import EventLog  # noqa: E402
-from eventlog.aio import AsyncEventLog  # noqa: E402
-from eventlog.integrations.pydantic_ai import EventLogConversationStore  # noqa: E402
+from eventlog import EventLog
+from eventlog.aio import AsyncEventLog
+from eventlog.integrations.pydantic_ai import EventLogConversationStore
 
 
 def make_agent() -> Agent[None, str]:

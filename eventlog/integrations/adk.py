@@ -124,7 +124,10 @@ def _view_rows(events: list[Event]) -> tuple[list[dict[str, Any]], float]:
                 "event_id": source.id,
                 "invocation_id": source.invocation_id,
                 "timestamp": compaction.end_timestamp,
-                "compaction": {"start_timestamp": compaction.start_timestamp, "end_timestamp": compaction.end_timestamp},
+                "compaction": {
+                    "start_timestamp": compaction.start_timestamp,
+                    "end_timestamp": compaction.end_timestamp,
+                },
                 "parts": [part.model_dump(exclude_none=True, mode="json") for part in parts],
                 "_compressed_summary": True,
             }
@@ -318,7 +321,10 @@ class EventLogSessionService(BaseSessionService):
     ) -> dict[str, dict[str, Any]]:
         """The app and user state, with ``deltas`` applied and their writes added to ``transcripts``."""
         out = {}
-        for scope, session_id in (("app", self._app_session(app_name)), ("user", self._user_session(app_name, user_id))):
+        for scope, session_id in (
+            ("app", self._app_session(app_name)),
+            ("user", self._user_session(app_name, user_id)),
+        ):
             head = self._log.head(session_id)
             state = self._state_of(session_id)
             if deltas[scope]:
@@ -469,7 +475,9 @@ class EventLogSessionService(BaseSessionService):
             record = self._row(name)
             if record is None:
                 continue  # deleted
-            user_part, _, session_part = name[len(f"{self._namespace}:{_quote(app_name, 'app_name')}/") :].partition("/")
+            user_part, _, session_part = name[len(f"{self._namespace}:{_quote(app_name, 'app_name')}/") :].partition(
+                "/"
+            )
             user = urllib.parse.unquote(user_part)
             if user not in user_states:
                 user_states[user] = self._state_of(self._user_session(app_name, user))

@@ -352,7 +352,9 @@ class EventLogConversationStore(ConversationStore):
                 raise ConversationConflict(conversation_id)
             try:
                 log.flush_many(
-                    {record_session: [], transcript: []}, expected_heads={record_session: head or EMPTY_HEAD}, replace=True
+                    {record_session: [], transcript: []},
+                    expected_heads={record_session: head or EMPTY_HEAD},
+                    replace=True,
                 )
             except ConflictError:
                 continue
