@@ -829,19 +829,22 @@ class Store:
             raise CorruptLogError(f"{self.path}: live chain of session {number} is shorter than its length")
         return out
 
-    def locations(self, txn: lmdb.Transaction, number: int, length: int) -> list[tuple[bytes, int, int]]:
-        """The content digest and body location of each live message of session ``number``, in order."""
-        if not length:
+    def locations(
+        self, txn: lmdb.Transaction, number: int, length: int, start: int = 0
+    ) -> list[tuple[bytes, int, int]]:
+        """The content digest and body location of live messages ``start..length-1`` of session
+        ``number``, in order (reads only those entries)."""
+        if start >= length:
             return []
         cursor = txn.cursor(db=self.index)
-        if not cursor.set_key(chain_key(number, 0)):
-            raise CorruptLogError(f"{self.path}: live chain entry {number}/0 is missing")
+        if not cursor.set_key(chain_key(number, start)):
+            raise CorruptLogError(f"{self.path}: live chain entry {number}/{start} is missing")
         values = cursor.iternext(keys=False, values=True)
         try:
-            found = list(map(LOCATION.unpack, islice(values, length)))
+            found = list(map(LOCATION.unpack, islice(values, length - start)))
         except struct.error:
             raise self._damaged_chain(number) from None
-        if len(found) != length or cursor.key() != chain_key(number, length - 1):
+        if len(found) != length - start or cursor.key() != chain_key(number, length - 1):
             raise CorruptLogError(f"{self.path}: live chain of session {number} is shorter than its length")
         return found
 
