@@ -13,20 +13,19 @@ import pytest
 
 pytest.importorskip("agents", reason="the OpenAI Agents SDK is not installed (pip install -e '.[test]')")
 
-import httpx  # noqa: E402
-from agents import Agent, Runner, SQLiteSession, function_tool, set_tracing_disabled  # noqa: E402
-from agents.extensions.memory import AdvancedSQLiteSession  # noqa: E402
-from agents.memory import OpenAIResponsesCompactionSession  # noqa: E402
-from agents.usage import Usage  # noqa: E402
-from openai import AsyncOpenAI  # noqa: E402
-from openai_agents_sdk.fake_model import FakeModel  # noqa: E402
-from openai_agents_sdk.test_responses import get_function_tool_call, get_text_message  # noqa: E402
+import httpx
+from agents import Agent, Runner, SQLiteSession, function_tool, set_tracing_disabled
+from agents.extensions.memory import AdvancedSQLiteSession
+from agents.memory import OpenAIResponsesCompactionSession
+from agents.usage import Usage
+from openai import AsyncOpenAI
+from openai_agents_sdk.fake_model import FakeModel
+from openai_agents_sdk.test_responses import get_function_tool_call, get_text_message
+from test_aio import Gate, wait_for
 
-from eventlog import EventLog  # noqa: E402
-from eventlog.aio import AsyncEventLog  # noqa: E402
-from eventlog.integrations.openai_agents import DELETED, EventLogSession  # noqa: E402
-
-from test_aio import Gate, wait_for  # noqa: E402
+from eventlog import EventLog
+from eventlog.aio import AsyncEventLog
+from eventlog.integrations.openai_agents import DELETED, EventLogSession
 
 
 @pytest.fixture(autouse=True)
@@ -103,7 +102,13 @@ def test_the_same_calls_give_the_same_items_as_sqlite_session(tmp_path: Path) ->
                 ("add_items", [user]),  # the same item again is a new item
                 ("get_items", 2),
                 ("pop_item", None),
-                ("add_items", [{"role": "user", "content": "ü 😊"}, {"type": "function_call_output", "call_id": "c", "output": "x"}]),
+                (
+                    "add_items",
+                    [
+                        {"role": "user", "content": "ü 😊"},
+                        {"type": "function_call_output", "call_id": "c", "output": "x"},
+                    ],
+                ),
                 ("get_items", 0),
                 ("clear_session", None),
                 ("get_items", None),
@@ -177,7 +182,12 @@ def test_branches_are_forks_and_match_advanced_sqlite_session(tmp_path: Path) ->
         out.append(await session.get_items())
         await session.add_items([{"role": "user", "content": "question 2, asked differently"}])
         out.append(await session.get_items())
-        out.append([(b["branch_id"], b["message_count"], b["user_turns"], b["is_current"]) for b in await session.list_branches()])
+        out.append(
+            [
+                (b["branch_id"], b["message_count"], b["user_turns"], b["is_current"])
+                for b in await session.list_branches()
+            ]
+        )
         await session.switch_to_branch("main")
         out.append(await session.get_items())
         out.append([t["turn"] for t in await session.get_conversation_turns()])
@@ -222,13 +232,17 @@ def test_usage_per_turn_matches_advanced_sqlite_session(tmp_path: Path) -> None:
         agent = Agent(name="assistant", model=model)
         out: list[Any] = []
         for n, tokens in enumerate([(10, 5), (20, 7)], start=1):
-            model.set_hardcoded_usage(Usage(requests=1, input_tokens=tokens[0], output_tokens=tokens[1], total_tokens=sum(tokens)))
+            model.set_hardcoded_usage(
+                Usage(requests=1, input_tokens=tokens[0], output_tokens=tokens[1], total_tokens=sum(tokens))
+            )
             model.set_next_output([get_text_message(f"answer {n}")])
             result = await Runner.run(agent, f"question {n}", session=session)
             await session.store_run_usage(result)
         await session.store_run_usage(result)  # stored again: replaces the turn, does not add
         out.append(await session.get_turn_usage(1))
-        out.append([(u["user_turn_number"], u["input_tokens"], u["output_tokens"]) for u in await session.get_turn_usage()])
+        out.append(
+            [(u["user_turn_number"], u["input_tokens"], u["output_tokens"]) for u in await session.get_turn_usage()]
+        )
         out.append(await session.get_session_usage())
         out.append(await session.get_turn_usage(7))
         return out

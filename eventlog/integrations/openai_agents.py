@@ -68,7 +68,7 @@ def _is_user(item: Any) -> bool:
 
 def _timestamp(ns: int) -> str:
     """An event time in the format of SQLite's CURRENT_TIMESTAMP (UTC), as the SDK's stores give it."""
-    moment = datetime.datetime.fromtimestamp(ns / 1e9, tz=datetime.timezone.utc)
+    moment = datetime.datetime.fromtimestamp(ns / 1e9, tz=datetime.UTC)
     return moment.strftime("%Y-%m-%d %H:%M:%S")
 
 
@@ -87,9 +87,7 @@ class EventLogSession(SessionABC):
     ``AdvancedSQLiteSession``.
     """
 
-    def __init__(
-        self, session_id: str, log: AnyEventLog, *, session_settings: SessionSettings | None = None
-    ) -> None:
+    def __init__(self, session_id: str, log: AnyEventLog, *, session_settings: SessionSettings | None = None) -> None:
         check_session_id(session_id)
         if BRANCH_SEPARATOR in session_id:
             raise ValueError(f"session id {session_id!r} must not contain {BRANCH_SEPARATOR!r} (it names branches)")
@@ -242,9 +240,7 @@ class EventLogSession(SessionABC):
             raise ValueError("Cannot delete the 'main' branch")
         if branch_id == self._branch:
             if not force:
-                raise ValueError(
-                    f"Cannot delete current branch '{branch_id}'. Use force=True or switch branches first"
-                )
+                raise ValueError(f"Cannot delete current branch '{branch_id}'. Use force=True or switch branches first")
             await self.switch_to_branch(MAIN_BRANCH)
         target = self.log_session_id(branch_id)
         info = await self._log.session(target)
@@ -381,9 +377,7 @@ class EventLogSession(SessionABC):
         items = log.messages(source)
         users = [position for position, item in enumerate(items) if _is_user(item)]
         if not 1 <= turn_number <= len(users):
-            raise ValueError(
-                f"Turn {turn_number} does not contain a user message in branch '{self._branch}'"
-            )
+            raise ValueError(f"Turn {turn_number} does not contain a user message in branch '{self._branch}'")
         at = users[turn_number - 1]
         existing = log.session(target)
         if existing is None:
@@ -402,26 +396,28 @@ class EventLogSession(SessionABC):
 
     def _list_branches(self) -> list[dict[str, Any]]:
         log = self._sync
-        out = []
+        found: list[tuple[int, dict[str, Any]]] = []
         for target in self._branch_sessions():
             info = log.session(target)
-            if info is None or info.length == 0 and target == self.session_id:
+            if info is None or (info.length == 0 and target == self.session_id):
                 continue
             if info.closed and info.close_reason == DELETED:
                 continue
             branch = MAIN_BRANCH if target == self.session_id else target[len(self.session_id + BRANCH_SEPARATOR) :]
-            out.append(
-                {
-                    "branch_id": branch,
-                    "message_count": info.length,
-                    "user_turns": sum(map(_is_user, log.messages(target))),
-                    "is_current": branch == self._branch,
-                    "created_at": _timestamp(info.created_ns),
-                    "created_ns": info.created_ns,
-                }
+            found.append(
+                (
+                    info.created_ns,
+                    {
+                        "branch_id": branch,
+                        "message_count": info.length,
+                        "user_turns": sum(map(_is_user, log.messages(target))),
+                        "is_current": branch == self._branch,
+                        "created_at": _timestamp(info.created_ns),
+                    },
+                )
             )
-        out.sort(key=lambda branch: branch.pop("created_ns"))
-        return out
+        found.sort(key=lambda pair: pair[0])
+        return [branch for _, branch in found]
 
     async def _turns(self, branch_id: str | None) -> list[dict[str, Any]]:
         target = self.log_session_id(branch_id)
@@ -479,4 +475,3 @@ def _turn_usage(metadata: Mapping[str, Any]) -> dict[int, dict[str, Any]]:
         if key.startswith(TURN_USAGE) and key[len(TURN_USAGE) :].isdigit() and isinstance(value, Mapping):
             out[int(key[len(TURN_USAGE) :])] = dict(value)
     return out
-

@@ -19,25 +19,18 @@ import pytest
 
 pytest.importorskip("agents", reason="the OpenAI Agents SDK is not installed (pip install -e '.[test]')")
 
-from agents import set_tracing_disabled  # noqa: E402
+from agents import set_tracing_disabled
 
-from eventlog import EventLog  # noqa: E402
-from eventlog.integrations.openai_agents import EventLogSession  # noqa: E402
+from eventlog import EventLog
+from eventlog.integrations.openai_agents import EventLogSession
 
-# Tests that are about SQLite itself, not about a session store: left out, with the reason.
-EXCLUDED: dict[str, str] = {}
+# None of the copied tests is left out: none is about SQLite's internals (their files use a
+# db_path only to share one store between sessions, which the stand-in maps to one log).
 
 
 def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line("markers", "asyncio: run the coroutine test on a fresh event loop")
     config.addinivalue_line("markers", "allow_call_model_methods: the SDK's marker (no test here calls a real model)")
-
-
-def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    for item in items:
-        reason = EXCLUDED.get(item.originalname if isinstance(item, pytest.Function) else item.name)
-        if reason is not None and Path(str(item.fspath)).parent == Path(__file__).parent:
-            item.add_marker(pytest.mark.skip(reason=reason))
 
 
 @pytest.hookimpl(tryfirst=True)
