@@ -784,7 +784,7 @@ class EventLog:
 
     def _after_write(self) -> None:
         if self._projector is not None:
-            self._projector.poke(self._store._tail[0])
+            self._projector.poke(self._store.committed_seq)
             return
         for projection in self._projections:
             try:

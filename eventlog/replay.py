@@ -23,7 +23,8 @@ import msgspec
 
 from . import events as ev
 from .errors import CorruptLogError
-from .store import HEADER, SEQ, STATE, SessionState, Store, state_key
+from .keys import HEADER, SEQ, STATE, SessionState, state_key
+from .store import Store
 
 
 @dataclass(frozen=True, slots=True)
