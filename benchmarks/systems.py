@@ -585,8 +585,8 @@ class TranscriptFloor(InPlaceCheckFloor):
         if reason:
             raise Skip(reason)
         from projections import SQLiteProjection
-        from projections.apply import INSERT_ROW, index_pending
         from projections.rows import derive
+        from projections.sqlite_store import INSERT_ROW, index_pending
 
         super().open(directory)
         self.projection = SQLiteProjection(directory / "transcript.db")  # the projection's schema and settings
