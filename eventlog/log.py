@@ -236,7 +236,14 @@ class EventLog:
     # -- lifecycle -------------------------------------------------------------
 
     def close(self) -> None:
-        """Bring the attached projections up to date, then close the log; it cannot be used afterwards."""
+        """Bring the attached projections up to date, then close the log; it cannot be used afterwards.
+
+        In a child process that inherited the log through ``fork()``, where every use of it
+        is refused, this only marks it closed: the log's files and locks stay the parent's.
+        """
+        if self._store.forked:
+            self._store.close()
+            return
         if self._projector is not None:
             self._projector.close()
         self._cache.clear()

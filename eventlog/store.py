@@ -27,6 +27,7 @@ import os
 import struct
 import threading
 import time
+import weakref
 from collections import defaultdict
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -90,6 +91,30 @@ PAGE = 4096
 MARKER = "eventlog.id"
 """A file written beside the LMDB files once the log exists (its id in hex): with it, an empty
 or missing data file is damage, not a log still being created by another process."""
+
+
+_OPEN: weakref.WeakSet[Store] = weakref.WeakSet()
+"""Every store open in this process, for :func:`_inherited_by_child`."""
+
+
+def _inherited_by_child() -> None:
+    """After ``fork()``, in the child: keep every inherited environment and open read
+    transaction alive for good.
+
+    The child's copies share the parent's lock file: freeing one (explicitly, or when the
+    interpreter exits) aborts its transactions, which releases reader slots that are the
+    parent's, and a snapshot the parent holds open then loses its pages to the next
+    writer (``MDB_PAGE_NOTFOUND``).  So they are never freed; every use in the child is
+    refused (:meth:`Store.slot`), and ``close()`` there only marks the store closed.
+    """
+    import ctypes
+
+    for store in list(_OPEN):
+        for held in (store.env, *store._live):
+            ctypes.pythonapi.Py_IncRef(ctypes.py_object(held))
+
+
+os.register_at_fork(after_in_child=_inherited_by_child)
 
 
 class Store:
@@ -186,11 +211,13 @@ class Store:
         self._resizing = False
         self._closed = False
         self._pid = os.getpid()  # an environment must not be used across fork()
+        self._live: set[lmdb.Transaction] = set()  # read transactions open now, for after a fork
         self.page_size = self.env.stat()["psize"]
         self.space = ZeroedSpace(data, self.page_size) if sync and not readonly else None
         self.tip = Tip()
         self.buffer = EventBuffer()
         self.group = GroupCommit(self, self.tip)
+        _OPEN.add(self)
         try:
             self.log_id = self._init_meta() if not readonly else self._read_log_id()
             if not readonly and not os.path.exists(marker):
@@ -203,13 +230,23 @@ class Store:
 
     # -- lifecycle -------------------------------------------------------------
 
+    @property
+    def forked(self) -> bool:
+        """Whether this is a child process that inherited the store through ``fork()``."""
+        return os.getpid() != self._pid
+
     def close(self) -> None:
         """Close the environment once no other thread of this process has a transaction open.
 
         Slots this thread holds do not hold up its own close: one entered as an interrupt
         (Ctrl-C) landed stays counted while the exception lives, and ``close()`` in the
-        ``except`` block that caught it must not wait for itself.
+        ``except`` block that caught it must not wait for itself.  In a child that inherited
+        the store through ``fork()`` nothing is closed: the environment's reader slots and
+        locks are the parent's (see :func:`_inherited_by_child`).
         """
+        if self.forked:
+            self._closed = True
+            return
         with self._slot_lock:
             self._closed = True
             own = self._held.get(threading.get_ident(), 0)
@@ -329,12 +366,15 @@ class Store:
                 except lmdb.Error as e:
                     raise translate(e, self.path) from e
                 if txn is not None:
+                    self._live.add(txn)
                     try:
                         yield txn
                     except lmdb.Error as e:
                         raise translate(e, self.path) from e
                     finally:
-                        txn.abort()
+                        self._live.discard(txn)
+                        if not self.forked:  # a child's abort would free the parent's reader slot
+                            txn.abort()
                     return
             self.resize(0)
 
