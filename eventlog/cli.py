@@ -708,8 +708,10 @@ def verify(expect: list[LogHead], as_json: bool) -> None:
 
     try:
         log = _open_log()
-    except EventLogError as e:  # damaged beyond opening: report what the file shows
+    except EventLogError as e:  # damaged beyond opening: report the damaged pages the file shows
         report = verify_files(_settings().log_path, e)
+        if not any(page.pgno for page in report.damaged_pages):
+            raise  # not an LMDB file at all, or nothing to point at: the error says it all
     else:
         with log, _progress() as bar:
             task = bar.add_task("verify", total=None)

@@ -194,6 +194,7 @@ class EventLog:
         projections: Sequence[Projection] = (),
         project_in_background: bool = True,
         readonly: bool = False,
+        allow_shared_directory: bool = False,
     ) -> EventLog:
         """Open (creating when needed) the log in directory ``path``.
 
@@ -215,8 +216,21 @@ class EventLog:
         (``project_in_background``, the default), so a write returns once the log has
         committed it, or inside the write call.  Projections that read through their
         own API wait for the background thread first; see :meth:`sync_projections`.
+
+        A directory that users other than this one can write (or that another user owns)
+        is refused with :class:`~eventlog.errors.UnsafeDirectoryError`, as is a symlink
+        or another user's file in place of the log's files: whoever can write the
+        directory could otherwise make this process write through a planted link.
+        ``allow_shared_directory=True`` trusts the directory (docs/reliability.md).
         """
-        store = Store(path, durability=durability, map_size=map_size, max_map_size=max_map_size, readonly=readonly)
+        store = Store(
+            path,
+            durability=durability,
+            map_size=map_size,
+            max_map_size=max_map_size,
+            readonly=readonly,
+            allow_shared_directory=allow_shared_directory,
+        )
         log = cls(
             store,
             ephemeral=ephemeral,

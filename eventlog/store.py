@@ -23,6 +23,7 @@ session's events are linked backwards through the envelope.
 
 from __future__ import annotations
 
+import errno
 import os
 import struct
 import threading
@@ -39,8 +40,8 @@ import lmdb
 
 from . import events as ev
 from .commit import WAKE_POLL, GroupCommit, Tip
-from .errors import CorruptLogError, EventLogError, translate
-from .files import write_atomic
+from .errors import CorruptLogError, EventLogError, ReadOnlyError, StorageFullError, UnsafeDirectoryError, translate
+from .files import check_private_directory, open_own_file, reserve_lock_file, write_atomic
 from .keys import (
     FORMAT,
     HEADER,
@@ -93,6 +94,37 @@ MARKER = "eventlog.id"
 or missing data file is damage, not a log still being created by another process."""
 
 
+def _prepare_files(path: str, readonly: bool, allow_shared: bool) -> None:
+    """Refuse a directory others can write, and create LMDB's files safely before it opens them.
+
+    LMDB opens ``lock.mdb`` and ``data.mdb`` by name, following symlinks; so they are
+    created here first with ``O_NOFOLLOW``, and a planted link or another user's file is
+    refused.  The lock file also gets its blocks (see :func:`~eventlog.files.reserve_lock_file`),
+    so that a full disk is :class:`StorageFullError`, not SIGBUS.
+    """
+    try:
+        check_private_directory(path, what="log", allow_shared=allow_shared)
+        lock = os.path.join(path, "lock.mdb")
+        if not readonly:
+            reserve_lock_file(lock)
+            os.close(open_own_file(os.path.join(path, "data.mdb"), create=True))
+        elif os.path.lexists(lock):
+            try:
+                os.close(open_own_file(lock, create=False))
+            except OSError as e:
+                if not isinstance(e, UnsafeDirectoryError) and e.errno in (errno.EROFS, errno.EACCES):
+                    return  # a read-only file system or a file we may not write: LMDB reads without it
+                raise
+    except UnsafeDirectoryError:
+        raise
+    except OSError as e:
+        if e.errno in (errno.ENOSPC, errno.EDQUOT):
+            raise StorageFullError(f"{path}: no space left on device for the log's files ({e})") from e
+        if e.errno in (errno.EROFS, errno.EACCES, errno.EPERM):
+            raise ReadOnlyError(f"{path}: cannot write the log's files ({e})") from e
+        raise
+
+
 _OPEN: weakref.WeakSet[Store] = weakref.WeakSet()
 """Every store open in this process, for :func:`_inherited_by_child`."""
 
@@ -134,6 +166,7 @@ class Store:
         map_size: int = 16 * MIB,
         max_map_size: int | None = None,
         readonly: bool = False,
+        allow_shared_directory: bool = False,
     ) -> None:
         if durability not in DURABILITY:
             raise ValueError(f"durability must be one of {sorted(DURABILITY)}, not {durability!r}")
@@ -149,6 +182,8 @@ class Store:
             map_size = min(map_size, max_map_size)
         data = os.path.join(self.path, "data.mdb")
         marker = os.path.join(self.path, MARKER)
+        if os.path.islink(marker):  # planted: the marker is only ever a file this code wrote
+            raise UnsafeDirectoryError(f"{marker} is a symbolic link; refusing to follow it")
         if os.path.exists(marker) and (not os.path.exists(data) or os.path.getsize(data) < 2 * PAGE):
             # This directory held a log (the marker is written once it exists), so an empty
             # or missing data file is damage; LMDB would quietly start a new, empty log.
@@ -156,6 +191,7 @@ class Store:
             raise CorruptLogError(
                 f"{data}: the data file is missing or truncated ({size} bytes); restore it from a backup"
             )
+        _prepare_files(self.path, readonly, allow_shared_directory)
         for _ in range(100):
             try:
                 self.env = lmdb.open(

@@ -585,3 +585,46 @@ def test_a_damaged_page_anywhere_gives_a_report_never_an_abort(tmp_path: Path, f
     assert len(damaged) > len(done) // 2  # most pages are in use; free ones may be damaged harmlessly
     events = [d for line in damaged for d in line["damaged"] if "events table, events" in d]
     assert events, "no damaged page of the events table was named with its events"
+
+
+_OPEN_ON_A_FULL_DISK = r"""
+import os, sys
+from eventlog import EventLog, StorageFullError
+try:
+    with EventLog.open(sys.argv[1]) as log:
+        log.messages("s")
+except StorageFullError as e:
+    print("StorageFullError:", e)
+"""
+
+
+def _fill_up(mountpoint: Path) -> None:
+    """Fill the file system to the last byte."""
+    fd = os.open(mountpoint / "filler", os.O_WRONLY | os.O_CREAT)
+    try:
+        for size in (65536, 4096, 1):
+            try:
+                while True:
+                    os.write(fd, b"\xff" * size)
+            except OSError:
+                pass
+    finally:
+        os.close(fd)
+
+
+@pytest.mark.parametrize("case", ["new log", "lock file missing"])
+def test_opening_a_log_on_a_full_disk_is_storage_full_not_sigbus(tmpfs: Path, case: str) -> None:
+    path = tmpfs / "log"
+    if case == "lock file missing":
+        with EventLog.open(path) as log:
+            log.flush("s", [{"role": "user", "content": "stored"}])
+        (path / "lock.mdb").unlink()
+    _fill_up(tmpfs)
+    result = run_python(_OPEN_ON_A_FULL_DISK, str(path))
+    assert result.returncode == 0, f"died with {result.returncode}: {result.stderr[-400:]}"
+    assert "StorageFullError" in result.stdout, result.stdout + result.stderr
+    if case == "lock file missing":
+        (tmpfs / "filler").unlink()
+        with EventLog.open(path) as log:
+            assert log.messages("s") == [{"role": "user", "content": "stored"}]
+            assert log.verify().ok
