@@ -27,7 +27,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 
 from . import events as ev
-from .errors import EventLogError, HistoryMismatchError, UnknownSessionError
+from .errors import CorruptLogError, EventLogError, HistoryMismatchError, UnknownSessionError
 from .interchange import FORMATS, export_lines, function_of, read_jsonl, text_of, tool_calls
 from .log import EventLog
 from .replay import Occurrence
@@ -68,7 +68,14 @@ class _Group(click.Group):
             raise
         except UnknownSessionError as e:
             _fail(str(e))
+        except CorruptLogError as e:
+            text = _one_line(e).replace(" (run verify)", "")
+            _fail(f"{text}; run 'eventlog verify' to check the whole log and name every damaged event")
         except EventLogError as e:
+            from projections.errors import NotAProjectionError
+
+            if isinstance(e, NotAProjectionError):
+                _fail(f"{e.path}: {e.what}; give another DB, or run 'eventlog rebuild --force {e.path}' to replace it")
             if type(e).__name__ == "LogMismatchError":
                 _fail(f"{_one_line(e).split(';')[0]}; give another DB, or run 'eventlog rebuild DB' to replace it")
             _fail(_one_line(e))
@@ -515,8 +522,10 @@ def _is_postgres(target: str) -> bool:
     return target.startswith(("postgresql://", "postgres://"))
 
 
-def _projection(db: str) -> Any:
-    """The projection at ``db``: a PostgreSQL one for a ``postgresql://`` URL, else a SQLite file."""
+def _projection(db: str, *, force: bool = False) -> Any:
+    """The projection at ``db``: a PostgreSQL one for a ``postgresql://`` URL, else a SQLite
+    file; with ``force``, a file that is not a projection (not SQLite, or another program's
+    database) is replaced by a new one."""
     if _is_postgres(db):
         try:
             from projections.postgres import PostgresProjection
@@ -524,9 +533,17 @@ def _projection(db: str) -> Any:
             _fail(f"{e}")
         return PostgresProjection(db)
     try:
-        from projections import SQLiteProjection
+        from projections import NotAProjectionError, SQLiteProjection
     except ImportError as e:  # pragma: no cover - the package ships both
         _fail(f"the SQLite projection is not available ({e})")
+    try:
+        return SQLiteProjection(db)
+    except NotAProjectionError:
+        if not force:
+            raise
+    for suffix in ("", "-wal", "-shm", "-journal"):
+        with contextlib.suppress(FileNotFoundError):
+            os.remove(db + suffix)
     return SQLiteProjection(db)
 
 
@@ -601,12 +618,12 @@ class _CountingLog:
             self._advance(record.seq)
 
 
-def _project(db: str | None, *, rebuild: bool, as_json: bool, exclusive: bool = False) -> None:
+def _project(db: str | None, *, rebuild: bool, as_json: bool, exclusive: bool = False, force: bool = False) -> None:
     log_path = _settings().log_path
     target = db or _default_db(log_path)
     with _open_log() as log:
         total = log.last_seq
-        projection = _projection(target)
+        projection = _projection(target, force=force)
         try:
             postgres = _is_postgres(target)
             if rebuild:
@@ -680,17 +697,23 @@ def project(db: str | None, to: str | None, as_json: bool) -> None:
     is_flag=True,
     help="Take DB for itself while it runs, when nothing else has it open: faster, but readers that open it meanwhile wait until it commits.",
 )
+@click.option(
+    "--force",
+    is_flag=True,
+    help="Replace DB even when it is not a projection (not a SQLite database, or another program's).",
+)
 @click.option("--to", "to", metavar="DB", help=_TO_HELP)
 @click.option("--json", "as_json", is_flag=True, help="Print the outcome as JSON.")
-def rebuild(db: str | None, exclusive: bool, to: str | None, as_json: bool) -> None:
+def rebuild(db: str | None, exclusive: bool, force: bool, to: str | None, as_json: bool) -> None:
     """Re-project the whole log into DB, from the first event.
 
     DB defaults to $EVENTLOG_DB, else the log path plus .sqlite. A SQLite DB is replaced
     whole, even a projection of another log, in one transaction; in a PostgreSQL DB only
     this log's rows are replaced. Readers keep seeing the old projection until it
     commits, unless --exclusive (SQLite; the default for a DB with nothing projected yet).
+    A DB that is no projection at all is left alone unless --force.
     """
-    _project(_target(db, to), rebuild=True, as_json=as_json, exclusive=exclusive)
+    _project(_target(db, to), rebuild=True, as_json=as_json, exclusive=exclusive, force=force)
 
 
 @cli.command()
