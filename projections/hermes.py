@@ -30,7 +30,7 @@ from typing import TYPE_CHECKING, Any, Final
 
 from . import core
 from .core import COUNT, HEAD, ROW_COLUMNS, SESSION_COLUMNS, Applier, Checkpoint, Source
-from .errors import InvalidQueryError, ProjectionError, SchemaVersionError
+from .errors import InvalidQueryError, NotAProjectionError, ProjectionError, SchemaVersionError
 from .rows import DERIVED, OVERRIDABLE, from_json
 
 if TYPE_CHECKING:
@@ -258,7 +258,7 @@ class HermesProjection:
         try:
             tables = {r[0] for r in db.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
         except sqlite3.DatabaseError as e:
-            raise ProjectionError(f"{self.path}: not a SQLite database ({e})") from e
+            raise NotAProjectionError(self.path, f"not a SQLite database ({e})") from e
         finally:
             db.close()
         if tables and "eventlog_checkpoint" not in tables:
@@ -267,9 +267,7 @@ class HermesProjection:
                 if "schema_version" in tables and "sessions" in tables
                 else "another application's database"
             )
-            raise ProjectionError(
-                f"{self.path}: {what}, not a projection of an event log; give the projection a file of its own"
-            )
+            raise NotAProjectionError(self.path, f"{what}, not a projection of an event log")
 
     def _check_hermes_version(self) -> None:
         assert self._db is not None
