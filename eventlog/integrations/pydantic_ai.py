@@ -29,7 +29,6 @@ it leaves (``rewind`` or ``edit``), a delete tombstones the transcript and the r
 
 from __future__ import annotations
 
-import asyncio
 import urllib.parse
 from collections.abc import Sequence
 from typing import Any, Final
@@ -38,7 +37,7 @@ from ..aio import AsyncEventLog
 from ..errors import ConflictError
 from ..log import EventLog
 from ..writer import EMPTY_HEAD
-from . import AnyEventLog, require
+from . import AnyEventLog, as_async, require
 
 require("pydantic_ai", "pydantic_ai.conversation_store", distribution="pydantic-ai")
 
@@ -123,13 +122,12 @@ class EventLogConversationStore(ConversationStore):
     """
 
     def __init__(self, log: AnyEventLog, *, namespace: str = "pydantic-ai") -> None:
-        if isinstance(log, AsyncEventLog):
-            log = log.sync
-        if not isinstance(log, EventLog):
+        if not isinstance(log, (EventLog, AsyncEventLog)):
             raise TypeError(f"log must be an EventLog or an AsyncEventLog, not {type(log).__name__}")
         if not isinstance(namespace, str) or not namespace or any(c in namespace for c in ":#"):
             raise ValueError(f"namespace must be a non-empty str without ':' or '#', not {namespace!r}")
-        self._log = log
+        self._async = as_async(log)
+        self._log = self._async.sync
         self._namespace = namespace
 
     # -- where things live in the log -----------------------------------------
@@ -151,11 +149,11 @@ class EventLogConversationStore(ConversationStore):
     # -- the storage primitives -----------------------------------------------
 
     async def read_record(self, conversation_id: str) -> ConversationRecord | None:
-        stored = await asyncio.to_thread(self._stored_record, self._record_session(conversation_id))
+        stored = await self._async.run(self._stored_record, self._record_session(conversation_id))
         return None if stored is None else _RECORD.validate_python(stored["record"])
 
     async def read_records(self, *, scope: str | None = None, limit: int | None = None) -> Sequence[ConversationRecord]:
-        return await asyncio.to_thread(self._read_records, scope, limit)
+        return await self._async.run(self._read_records, scope, limit)
 
     async def write_record(
         self,
@@ -164,17 +162,19 @@ class EventLogConversationStore(ConversationStore):
         new_entries: Sequence[ConversationEntry] = (),
         expected_revision: str | None,
     ) -> None:
-        await asyncio.to_thread(self._write_record, record, list(new_entries), expected_revision)
+        transcript = self.transcript_session(record.conversation_id)
+        await self._async.run(self._write_record, record, list(new_entries), expected_revision, sessions=(transcript,))
 
     async def delete_record(self, conversation_id: str, *, expected_revision: str) -> None:
-        await asyncio.to_thread(self._delete_record, conversation_id, expected_revision)
+        transcript = self.transcript_session(conversation_id)
+        await self._async.run(self._delete_record, conversation_id, expected_revision, sessions=(transcript,))
 
     async def read_entry(self, entry_id: str) -> ConversationEntry:
         """The entry with this id: one lookup of the log's session index.
 
         Raises ``KeyError`` when the store never stored it.
         """
-        return await asyncio.to_thread(self._read_entry, entry_id)
+        return await self._async.run(self._read_entry, entry_id)
 
     async def read_history(self, head_id: str | None, *, limit: int | None = None) -> list[ConversationEntry]:
         """The entries up to ``head_id``, read as one slice of the transcript that holds it.
@@ -186,7 +186,7 @@ class EventLogConversationStore(ConversationStore):
         """
         if limit is not None and limit < 0:
             raise ValueError("limit must not be negative")
-        rows = await asyncio.to_thread(self._history, head_id, limit)
+        rows = await self._async.run(self._history, head_id, limit)
         return [_entry_of(row) for row in rows]
 
     # -- on the worker thread -------------------------------------------------
@@ -358,6 +358,9 @@ class EventLogConversationStore(ConversationStore):
                 )
             except ConflictError:
                 continue
+            info = log.session(transcript)
+            if info is not None and not info.closed:  # the transcript ends here; its messages stay
+                log.close_session(transcript, reason="deleted")
             return
         raise ConversationConflict(conversation_id)
 
