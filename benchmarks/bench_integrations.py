@@ -103,6 +103,7 @@ async def _run(turns: int, root: Path) -> list[dict[str, Any]]:
     from pydantic_ai import Agent
     from pydantic_ai.conversation import Conversation
     from pydantic_ai.models.test import TestModel
+    from pydantic_ai.usage import UsageLimits
 
     class Scripted(BaseLlm):
         model: str = "scripted"
@@ -119,6 +120,7 @@ async def _run(turns: int, root: Path) -> list[dict[str, Any]]:
         """Look something up."""
         return "found " * 30
 
+    unlimited = UsageLimits(request_limit=None)
     opened: list[Any] = []
     samples: dict[str, list[int]] = {}
     shares: dict[str, list[int]] = {}
@@ -148,7 +150,9 @@ async def _run(turns: int, root: Path) -> list[dict[str, Any]]:
                 if name in pydantic_stores:
                     store = pydantic_stores[name]
                     conversation = await store.load("c") or Conversation(conversation_id="c")
-                    await store.save(await agent.run(prompt, conversation=conversation))
+                    # A long conversation adds up more model requests than the default limit allows.
+                    result = await agent.run(prompt, conversation=conversation, usage_limits=unlimited)
+                    await store.save(result)
                 else:
                     message = types.Content(role="user", parts=[types.Part(text=prompt)])
                     async for _ in runners[name].run_async(user_id="u", session_id="s", new_message=message):

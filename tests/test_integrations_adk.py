@@ -164,6 +164,8 @@ async def differential(service: BaseSessionService) -> list[Any]:
         GetSessionConfig(num_recent_events=0),
         GetSessionConfig(after_timestamp=1_800_000_003.0),
         GetSessionConfig(num_recent_events=1, after_timestamp=1_800_000_002.0),
+        GetSessionConfig(num_recent_events=3, after_timestamp=1_800_000_004.0),
+        GetSessionConfig(num_recent_events=50),
     ]:
         seen.append(
             ("filtered", view(await service.get_session(app_name="app", user_id="ann", session_id="s1", config=config)))

@@ -447,7 +447,7 @@ class EventLogSessionService(BaseSessionService):
             if config and config.after_timestamp:
                 rows = [row for row in rows if row.get("timestamp", 0.0) >= config.after_timestamp]
             if config and config.num_recent_events is not None:
-                rows = rows[len(rows) - config.num_recent_events :]
+                rows = rows[max(0, len(rows) - config.num_recent_events) :]
         session = Session(
             id=session_id,
             app_name=app_name,

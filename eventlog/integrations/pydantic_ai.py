@@ -29,7 +29,9 @@ it leaves (``rewind`` or ``edit``), a delete tombstones the transcript and the r
 
 from __future__ import annotations
 
+import threading
 import urllib.parse
+from collections import OrderedDict
 from collections.abc import Sequence
 from typing import Any, Final
 
@@ -55,6 +57,10 @@ __all__ = ["EventLogConversationStore"]
 WRITE_ATTEMPTS: Final = 8
 """Times a write re-reads the record after the log reported a concurrent change that left the
 caller's revision current (its reads and the commit straddled another writer's commit)."""
+
+CACHED_TRANSCRIPTS: Final = 256
+"""Conversations whose transcript rows the store keeps in memory between saves, each checked
+against the head of its record session before use, so another process's writes are seen."""
 
 _RECORD: Final = pydantic.TypeAdapter(ConversationRecord)
 RECORD_KIND: Final = "pydantic-ai.record"
@@ -129,6 +135,11 @@ class EventLogConversationStore(ConversationStore):
         self._async = as_async(log)
         self._log = self._async.sync
         self._namespace = namespace
+        # transcript session -> (head of its record session, the transcript's rows at that head):
+        # every write of a transcript through the store also replaces its record, whose head is
+        # therefore a version of both.
+        self._rows: OrderedDict[str, tuple[str, list[dict[str, Any]]]] = OrderedDict()
+        self._rows_guard = threading.Lock()
 
     # -- where things live in the log -----------------------------------------
 
@@ -195,6 +206,25 @@ class EventLogConversationStore(ConversationStore):
         rows = self._log.messages(record_session, last=1)
         return rows[-1] if rows else None
 
+    def _transcript_rows(self, transcript: str, record_head: str | None) -> list[dict[str, Any]]:
+        """The rows of ``transcript`` while its record session's head is ``record_head``."""
+        with self._rows_guard:
+            cached = self._rows.get(transcript)
+            if cached is not None and record_head is not None and cached[0] == record_head:
+                self._rows.move_to_end(transcript)
+                return cached[1]
+        return self._log.messages(transcript)
+
+    def _remember(self, transcript: str, record_head: str | None, rows: list[dict[str, Any]]) -> None:
+        with self._rows_guard:
+            if record_head is None:
+                self._rows.pop(transcript, None)
+                return
+            self._rows[transcript] = (record_head, rows)
+            self._rows.move_to_end(transcript)
+            while len(self._rows) > CACHED_TRANSCRIPTS:
+                self._rows.popitem(last=False)
+
     def _read_records(self, scope: str | None, limit: int | None) -> list[ConversationRecord]:
         prefix = self._namespace + ":"
         records = []
@@ -226,7 +256,8 @@ class EventLogConversationStore(ConversationStore):
         home = self.transcript_session(rows[-1]["conversation"])
         position: int = rows[-1]["position"]
         # The usual case: the head of the conversation the entry was saved in.
-        window = log.messages(home, last=limit) if limit is not None else log.messages(home)
+        rows_now = self._transcript_rows(home, log.head(home + "#record")) if limit is None else None
+        window = rows_now if rows_now is not None else log.messages(home, last=limit)
         if window and window[-1]["entry_id"] == head_id:
             return window
         candidates: list[list[dict[str, Any]]] = []
@@ -278,7 +309,7 @@ class EventLogConversationStore(ConversationStore):
             stored = self._stored_record(record_session)
             if (stored["record"]["revision"] if stored else None) != expected_revision:
                 raise ConversationConflict(conversation_id)
-            current = log.messages(transcript) if stored is not None else []
+            current = self._transcript_rows(transcript, head) if stored is not None else []
             left_at = log.last_seq  # the transcript as of this seq is `current`
             chain: list[ConversationEntry] = []
             entry_id = record.head_id
@@ -314,13 +345,14 @@ class EventLogConversationStore(ConversationStore):
             if stored is None and not chain and history and transcript not in log:
                 self._fork_into(transcript, history)
             try:
-                log.flush_many(
+                results = log.flush_many(
                     {record_session: [record_row], transcript: history, **entry_rows},
                     expected_heads={record_session: head or EMPTY_HEAD},
                     replace=True,
                 )
             except ConflictError:
                 continue  # someone wrote between our reads and the commit: check the revision again
+            self._remember(transcript, results[record_session].head, history)
             return
         raise ConversationConflict(conversation_id)
 
@@ -358,6 +390,7 @@ class EventLogConversationStore(ConversationStore):
                 )
             except ConflictError:
                 continue
+            self._remember(transcript, None, [])
             info = log.session(transcript)
             if info is not None and not info.closed:  # the transcript ends here; its messages stay
                 log.close_session(transcript, reason="deleted")
