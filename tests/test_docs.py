@@ -11,6 +11,7 @@ import re
 import sys
 from pathlib import Path
 
+import click
 import pytest
 from click.testing import CliRunner
 
@@ -40,7 +41,13 @@ def help_text(name: str) -> str:
 
 
 def commands() -> list[str]:
-    return sorted(cli.commands)
+    """Every command, with the subcommands of groups as ``"group sub"``."""
+    names = []
+    for name, command in sorted(cli.commands.items()):
+        names.append(name)
+        if isinstance(command, click.Group):
+            names += [f"{name} {sub}" for sub in sorted(command.commands)]
+    return names
 
 
 def run_examples(page: Path, tmp_path: Path) -> None:
