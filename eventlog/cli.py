@@ -27,7 +27,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 
 from . import events as ev
-from .errors import EventLogError, HistoryMismatchError, UnknownSessionError
+from .errors import CorruptLogError, EventLogError, HistoryMismatchError, UnknownSessionError
 from .interchange import FORMATS, export_lines, function_of, read_jsonl, text_of, tool_calls
 from .log import EventLog
 from .replay import Occurrence
@@ -68,7 +68,14 @@ class _Group(click.Group):
             raise
         except UnknownSessionError as e:
             _fail(str(e))
+        except CorruptLogError as e:
+            text = _one_line(e).replace(" (run verify)", "")
+            _fail(f"{text}; run 'eventlog verify' to check the whole log and name every damaged event")
         except EventLogError as e:
+            from projections.errors import NotAProjectionError
+
+            if isinstance(e, NotAProjectionError):
+                _fail(f"{e.path}: {e.what}; give another DB, or run 'eventlog rebuild --force {e.path}' to replace it")
             if type(e).__name__ == "LogMismatchError":
                 _fail(f"{_one_line(e).split(';')[0]}; give another DB, or run 'eventlog rebuild DB' to replace it")
             _fail(_one_line(e))
@@ -489,11 +496,21 @@ def history(session: str, as_json: bool) -> None:
 # -- projection ---------------------------------------------------------------
 
 
-def _projection(db: str) -> Any:
+def _projection(db: str, *, force: bool = False) -> Any:
+    """The SQLite projection in file ``db``; with ``force``, a file that is not a projection
+    (not SQLite, or another program's database) is replaced by a new one."""
     try:
-        from projections import SQLiteProjection
+        from projections import NotAProjectionError, SQLiteProjection
     except ImportError as e:  # pragma: no cover - the package ships both
         _fail(f"the SQLite projection is not available ({e})")
+    try:
+        return SQLiteProjection(db)
+    except NotAProjectionError:
+        if not force:
+            raise
+    for suffix in ("", "-wal", "-shm", "-journal"):
+        with contextlib.suppress(FileNotFoundError):
+            os.remove(db + suffix)
     return SQLiteProjection(db)
 
 
@@ -518,12 +535,12 @@ class _CountingLog:
             self._advance(record.seq)
 
 
-def _project(db: str | None, *, rebuild: bool, as_json: bool, exclusive: bool = False) -> None:
+def _project(db: str | None, *, rebuild: bool, as_json: bool, exclusive: bool = False, force: bool = False) -> None:
     log_path = _settings().log_path
     target = db or _default_db(log_path)
     with _open_log() as log:
         total = log.last_seq
-        projection = _projection(target)
+        projection = _projection(target, force=force)
         try:
             start = 0 if rebuild else projection.last_seq
             started = time.perf_counter()
@@ -579,16 +596,21 @@ def project(db: str | None, as_json: bool) -> None:
     is_flag=True,
     help="Take DB for itself while it runs, when nothing else has it open: faster, but readers that open it meanwhile wait until it commits.",
 )
+@click.option(
+    "--force",
+    is_flag=True,
+    help="Replace DB even when it is not a projection (not a SQLite database, or another program's).",
+)
 @click.option("--json", "as_json", is_flag=True, help="Print the outcome as JSON.")
-def rebuild(db: str | None, exclusive: bool, as_json: bool) -> None:
+def rebuild(db: str | None, exclusive: bool, force: bool, as_json: bool) -> None:
     """Re-project the whole log into DB, from the first event.
 
     DB defaults to $EVENTLOG_DB, else the log path plus .sqlite. Replaces whatever DB
     held, even a projection of another log, in one transaction. Readers keep seeing the
     old projection until it commits, unless --exclusive (the default for a DB with nothing
-    projected yet).
+    projected yet). A DB that is no projection at all is left alone unless --force.
     """
-    _project(db, rebuild=True, as_json=as_json, exclusive=exclusive)
+    _project(db, rebuild=True, as_json=as_json, exclusive=exclusive, force=force)
 
 
 @cli.command()
