@@ -18,7 +18,7 @@ from collections import Counter
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, NoReturn
+from typing import Any, NoReturn, assert_never
 
 import click
 from rich.console import Console
@@ -28,10 +28,11 @@ from rich.table import Table
 
 from . import events as ev
 from .errors import CorruptLogError, EventLogError, HistoryMismatchError, UnknownSessionError
-from .interchange import FORMATS, export_lines, function_of, read_jsonl, text_of, tool_calls
+from .interchange import FORMATS, export_lines, function_of, read_jsonl, tool_calls
 from .log import EventLog
 from .replay import Occurrence
 from .store import Record
+from .text import text_of
 from .verify import LogHead
 
 DEFAULT_LOG = "eventlog-data"
@@ -41,8 +42,6 @@ DEFAULT_DEMO = "eventlog-demo"
 
 HELP_WIDTH = 100
 """Help text is wrapped at this width everywhere, so that ``docs/cli.md`` can match it."""
-
-KIND_NAMES = {1: "opened", 2: "appended", 3: "tombstoned", 4: "closed", 5: "updated", 6: "annotated"}
 
 
 @dataclass(slots=True)
@@ -72,11 +71,11 @@ class _Group(click.Group):
             text = _one_line(e).replace(" (run verify)", "")
             _fail(f"{text}; run 'eventlog verify' to check the whole log and name every damaged event")
         except EventLogError as e:
-            from projections.errors import NotAProjectionError
+            from projections.errors import LogMismatchError, NotAProjectionError
 
             if isinstance(e, NotAProjectionError):
                 _fail(f"{e.path}: {e.what}; give another DB, or run 'eventlog rebuild --force {e.path}' to replace it")
-            if type(e).__name__ == "LogMismatchError":
+            if isinstance(e, LogMismatchError):
                 _fail(f"{_one_line(e).split(';')[0]}; give another DB, or run 'eventlog rebuild DB' to replace it")
             _fail(_one_line(e))
         except (OSError, ValueError) as e:
@@ -279,7 +278,7 @@ def summarize(records: Iterator[Record]) -> LogSummary:
     sessions = out.sessions
     for record in records:
         event = record.event
-        out.kinds[KIND_NAMES.get(record.kind, str(record.kind))] += 1
+        out.kinds[ev.NAMES.get(record.kind, str(record.kind))] += 1
         summary = sessions.get(event.session)
         if summary is None:
             summary = sessions[event.session] = SessionSummary(
@@ -288,28 +287,33 @@ def summarize(records: Iterator[Record]) -> LogSummary:
         summary.events += 1
         summary.last_seq = record.seq
         summary.last_ns = record.time_ns
-        if isinstance(event, ev.SessionOpened):
-            if event.source is not None:
-                summary.forked_from = event.source
-                summary.fork_at = summary.live = event.at
-        elif isinstance(event, ev.MessagesAppended):
-            n = len(event)
-            summary.live = event.position + n
-            summary.appended += n
-            out.carried += len(event.carried)
-            out.bodies += n - len(event.carried)
-            summary.closed = False
-        elif isinstance(event, ev.MessagesTombstoned):
-            summary.live = event.position
-            summary.tombstoned[event.reason] += event.count
-            out.tombstone_events[event.reason] += 1
-            out.tombstoned[event.reason] += event.count
-        elif isinstance(event, ev.SessionClosed):
-            summary.closed = True
-        elif isinstance(event, ev.SessionUpdated):
-            summary.fields.update(event.fields)
-            for key, value in event.counters.items():
-                summary.counters[key] = summary.counters.get(key, 0) + value
+        match event:
+            case ev.SessionOpened():
+                if event.source is not None:
+                    summary.forked_from = event.source
+                    summary.fork_at = summary.live = event.at
+            case ev.MessagesAppended():
+                n = len(event)
+                summary.live = event.position + n
+                summary.appended += n
+                out.carried += len(event.carried)
+                out.bodies += n - len(event.carried)
+                summary.closed = False
+            case ev.MessagesTombstoned():
+                summary.live = event.position
+                summary.tombstoned[event.reason] += event.count
+                out.tombstone_events[event.reason] += 1
+                out.tombstoned[event.reason] += event.count
+            case ev.SessionClosed():
+                summary.closed = True
+            case ev.SessionUpdated():
+                summary.fields.update(event.fields)
+                for key, value in event.counters.items():
+                    summary.counters[key] = summary.counters.get(key, 0) + value
+            case ev.MessageAnnotated():
+                pass
+            case _:
+                assert_never(event)
     return out
 
 
@@ -371,7 +375,7 @@ def render_message(message: Mapping[str, Any], *, width: int | None = 160) -> st
     """
     role = str(message.get("role") or message.get("type") or "?")
     parts = []
-    text = text_of(message.get("content"))
+    text = text_of(message.get("content")) or ""
     if role == "tool":
         name = message.get("name") or message.get("tool_name")
         label = f"tool {name}" if name else "tool"
@@ -793,25 +797,26 @@ def _size(n: int) -> str:
 def describe(record: Record) -> str:
     """One line for an event: seq, time, session, what happened."""
     event = record.event
-    if isinstance(event, ev.SessionOpened):
-        what = f"opened (fork of {event.source!r} sharing {event.at})" if event.source is not None else "opened"
-    elif isinstance(event, ev.MessagesAppended):
-        what = f"appended {len(event)} at {event.position}"
-        if event.carried:
-            what += f" ({len(event.carried)} carried)"
-        if event.summaries:
-            what += f" ({event.summaries} summary)"
-    elif isinstance(event, ev.MessagesTombstoned):
-        what = f"tombstoned {event.count} from {event.position} ({event.reason})"
-    elif isinstance(event, ev.SessionClosed):
-        what = f"closed ({event.reason})" if event.reason else "closed"
-    elif isinstance(event, ev.SessionUpdated):
-        keys = sorted([*event.fields, *event.counters])
-        what = f"updated {', '.join(keys)}"
-    elif isinstance(event, ev.MessageAnnotated):
-        what = f"annotated position {event.position}"
-    else:  # pragma: no cover - every kind is handled above
-        what = type(event).__name__
+    match event:
+        case ev.SessionOpened():
+            what = f"opened (fork of {event.source!r} sharing {event.at})" if event.source is not None else "opened"
+        case ev.MessagesAppended():
+            what = f"appended {len(event)} at {event.position}"
+            if event.carried:
+                what += f" ({len(event.carried)} carried)"
+            if event.summaries:
+                what += f" ({event.summaries} summary)"
+        case ev.MessagesTombstoned():
+            what = f"tombstoned {event.count} from {event.position} ({event.reason})"
+        case ev.SessionClosed():
+            what = f"closed ({event.reason})" if event.reason else "closed"
+        case ev.SessionUpdated():
+            keys = sorted([*event.fields, *event.counters])
+            what = f"updated {', '.join(keys)}"
+        case ev.MessageAnnotated():
+            what = f"annotated position {event.position}"
+        case _:
+            assert_never(event)
     stamp = time.strftime("%H:%M:%S", time.localtime(record.time_ns / 1e9))
     return f"{record.seq:>8} {stamp} {event.session} {what}"
 
@@ -822,20 +827,23 @@ def _event_json(record: Record) -> dict[str, Any]:
         "seq": record.seq,
         "time": record.time_ns,
         "session": event.session,
-        "kind": KIND_NAMES.get(record.kind, record.kind),
+        "kind": ev.NAMES.get(record.kind, record.kind),
     }
-    if isinstance(event, ev.MessagesAppended):
-        out.update(position=event.position, count=len(event), carried=len(event.carried), summaries=event.summaries)
-    elif isinstance(event, ev.MessagesTombstoned):
-        out.update(position=event.position, count=event.count, reason=event.reason)
-    elif isinstance(event, ev.SessionOpened):
-        out.update(source=event.source, at=event.at)
-    elif isinstance(event, ev.SessionClosed):
-        out.update(reason=event.reason)
-    elif isinstance(event, ev.SessionUpdated):
-        out.update(fields=event.fields, counters=event.counters)
-    elif isinstance(event, ev.MessageAnnotated):
-        out.update(position=event.position)
+    match event:
+        case ev.MessagesAppended():
+            out.update(position=event.position, count=len(event), carried=len(event.carried), summaries=event.summaries)
+        case ev.MessagesTombstoned():
+            out.update(position=event.position, count=event.count, reason=event.reason)
+        case ev.SessionOpened():
+            out.update(source=event.source, at=event.at)
+        case ev.SessionClosed():
+            out.update(reason=event.reason)
+        case ev.SessionUpdated():
+            out.update(fields=event.fields, counters=event.counters)
+        case ev.MessageAnnotated():
+            out.update(position=event.position)
+        case _:
+            assert_never(event)
     return out
 
 

@@ -14,6 +14,7 @@ from typing import Any, TypeVar
 import lmdb
 
 from . import codec
+from . import events as ev
 from .errors import InvalidMessageError
 from .keys import SessionState
 from .projector import Projection, Projector, bind
@@ -36,18 +37,7 @@ __all__ = [
 
 logger = logging.getLogger("eventlog")
 
-COUNTERS = frozenset(
-    {
-        "input_tokens",
-        "output_tokens",
-        "cache_read_tokens",
-        "cache_write_tokens",
-        "reasoning_tokens",
-        "cost_usd",
-        "api_calls",
-        "tool_calls",
-    }
-)
+COUNTERS = frozenset(ev.USAGE_COUNTERS)
 """Session metadata keys that add up across :meth:`EventLog.update_session` calls."""
 
 MAX_SESSION_ID_BYTES = 256

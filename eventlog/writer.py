@@ -330,7 +330,7 @@ class Writer:
             if not _is_summary(prepared.raw[index]):
                 break
             summaries += 1
-        reason = None
+        reason: ev.Reason | None = None
         if k < length:
             if k == 0 and not replace and not summaries:
                 what = "is empty" if not nodes else "shares no prefix with it"
@@ -428,7 +428,7 @@ class Writer:
         batch.emit(ev.SessionOpened(session=session_id, source=source, at=at, source_head=source_head), state)
         return state
 
-    def tombstone(self, batch: Batch, session_id: str, state: SessionState, position: int, reason: str) -> None:
+    def tombstone(self, batch: Batch, session_id: str, state: SessionState, position: int, reason: ev.Reason) -> None:
         store, txn = self.store, batch.txn
         links = store.links(txn, state.number, position, state.length)
         batch.emit(
