@@ -4,9 +4,12 @@ What it measures: each writer owns one session and grows it by 10 messages per
 turn for a fixed number of turns, flushing the whole list each turn (default
 mode, ``durability="full"``).  Threads share one ``EventLog``; processes each open
 the same log directory (started with ``spawn``, never ``fork``).  All writers start
-together at a barrier.  Reported: aggregate messages/s (messages written / wall
-time from the barrier to the last writer's end), the per-flush latency
-percentiles, and the aggregate rate as a multiple of the single writer's.
+together at a barrier.  Every case runs five times (``--quick``: twice), round by
+round in a shuffled order.  Reported: aggregate messages/s (messages written /
+wall time from the barrier to the last writer's end) of the median run and the
+range of the runs, the per-flush latency percentiles over all runs, and the
+aggregate rate as a multiple of the single writer's, with its range run against
+run.
 Without group commit every flush pays its own fsyncs and the writers queue on
 LMDB's writer lock; the target for group commit is 8 threads >= 2x one writer.
 Beside them, one writer with ``durability="none"`` in each mode: its rate is the
@@ -23,6 +26,9 @@ Run it::
 from __future__ import annotations
 
 import multiprocessing
+import random
+import shutil
+import statistics
 import threading
 from pathlib import Path
 from typing import Any
@@ -109,6 +115,10 @@ def _combine(results: list[tuple[int, int, list[int]]]) -> tuple[int, list[int]]
     return wall, [s for _, _, samples in results for s in samples]
 
 
+SAMPLES = 5
+"""Runs of each case: the machines are shared, and one run of a case says little."""
+
+
 def run(
     *,
     quick: bool = False,
@@ -116,38 +126,58 @@ def run(
     turns: int | None = None,
     threads: tuple[int, ...] = THREADS,
     processes: tuple[int, ...] = PROCESSES,
+    samples: int | None = None,
 ) -> dict[str, Any]:
+    """Each case run ``samples`` times, round by round (every case once per round, in a shuffled
+    order), so that a burst of load from a neighbour lands on all of them alike; each row reports
+    the median run and the spread of the runs."""
     turns = turns or (10 if quick else 100)
-    rows: list[dict[str, Any]] = []
+    samples = samples or (2 if quick else SAMPLES)
+    cases = [("threads", n, False, "full") for n in threads] + [("processes", n, False, "full") for n in processes]
+    cases += [("threads", n, True, "full") for n in threads if n in (1, max(threads))]
+    # The CPU bound: one writer with no sync to wait for.  Threads share one GIL, so however
+    # well their syncs are grouped, together they write hardly faster than this.
+    cases += [("threads", 1, trust, "none") for trust in (False, True)]
+    runs: dict[tuple[str, int, bool, str], list[tuple[float, list[int]]]] = {case: [] for case in cases}
+    order = random.Random(7)
     with scratch(scratch_dir, "concurrency-") as root:
-        cases = [("threads", n, False, "full") for n in threads] + [("processes", n, False, "full") for n in processes]
-        cases += [("threads", n, True, "full") for n in threads if n in (1, max(threads))]
-        # The CPU bound: one writer with no sync to wait for.  Threads share one GIL, so however
-        # well their syncs are grouped, together they write hardly faster than this.
-        cases += [("threads", 1, trust, "none") for trust in (False, True)]
-        for kind, n, trust, durability in cases:
-            path = root / f"{kind}-{n}{'-trust' if trust else ''}-{durability}"
-            if kind == "threads":
-                wall, samples = _threads(path, n, turns, trust, durability)
-            else:
-                wall, samples = _processes(path, n, turns)
-            with EventLog.open(path) as log:
-                stored = sum(len(log.messages(f"writer-{w}")) for w in range(n))
-            assert stored == n * turns * MESSAGES_PER_TURN, f"{kind}={n}: {stored} messages stored"
-            name = f"{n} {kind[:-1] if n == 1 else kind}" + (", trust mode" if trust else "")
-            if durability != "full":
-                name += f", durability {durability} (CPU bound)"
-            row = {"system": name, "writers": n, "kind": kind, "trust": trust, "durability": durability}
-            row.update(summary(samples, MESSAGES_PER_TURN))
-            row["aggregate_msgs_per_s"] = stored / (wall / 1e9)
-            row["wall_s"] = wall / 1e9
-            rows.append(row)
+        for round_ in range(samples):
+            for kind, n, trust, durability in order.sample(cases, len(cases)):
+                path = root / f"{kind}-{n}{'-trust' if trust else ''}-{durability}-{round_}"
+                if kind == "threads":
+                    wall, latencies = _threads(path, n, turns, trust, durability)
+                else:
+                    wall, latencies = _processes(path, n, turns)
+                with EventLog.open(path) as log:
+                    stored = sum(len(log.messages(f"writer-{w}")) for w in range(n))
+                assert stored == n * turns * MESSAGES_PER_TURN, f"{kind}={n}: {stored} messages stored"
+                runs[(kind, n, trust, durability)].append((stored / (wall / 1e9), latencies))
+                shutil.rmtree(path)
+    rows: list[dict[str, Any]] = []
+    for (kind, n, trust, durability), done in runs.items():
+        name = f"{n} {kind[:-1] if n == 1 else kind}" + (", trust mode" if trust else "")
+        if durability != "full":
+            name += f", durability {durability} (CPU bound)"
+        rates = sorted(rate for rate, _ in done)
+        row = {"system": name, "writers": n, "kind": kind, "trust": trust, "durability": durability}
+        row.update(summary([s for _, latencies in done for s in latencies], MESSAGES_PER_TURN))
+        row["aggregate_msgs_per_s"] = statistics.median(rates)
+        row["rates"] = [rate for rate, _ in done]
+        row["spread"] = f"{rates[0]:,.0f}-{rates[-1]:,.0f}"
+        row["p99_over_p50"] = row["p99_ms"] / row["median_ms"] if row["median_ms"] else None
+        rows.append(row)
     for row in rows:
         single = next(
             (r for r in rows if r["writers"] == 1 and r["trust"] == row["trust"] and r["durability"] == "full"), None
         )
-        row["x_single"] = row["aggregate_msgs_per_s"] / single["aggregate_msgs_per_s"] if single else None
-    return {"scenario": "concurrent writers", "turns_per_writer": turns, "rows": rows}
+        if single is None:
+            row["x_single"] = row["x_single_range"] = None
+            continue
+        # Run i of a case against run i of the single writer (same round): the ratio's spread.
+        paired = sorted(a / b for a, b in zip(row["rates"], single["rates"]))
+        row["x_single"] = row["aggregate_msgs_per_s"] / single["aggregate_msgs_per_s"]
+        row["x_single_range"] = f"{paired[0]:.2f}-{paired[-1]:.2f}"
+    return {"scenario": "concurrent writers", "turns_per_writer": turns, "samples": samples, "rows": rows}
 
 
 COLUMNS = [
@@ -155,8 +185,11 @@ COLUMNS = [
     ("median_ms", "flush median ms"),
     ("p90_ms", "p90 ms"),
     ("p99_ms", "p99 ms"),
-    ("aggregate_msgs_per_s", "aggregate msgs/s"),
+    ("aggregate_msgs_per_s", "aggregate msgs/s (median run)"),
+    ("spread", "runs' range"),
     ("x_single", "x 1 writer"),
+    ("x_single_range", "x range (same round)"),
+    ("p99_over_p50", "p99/p50"),
 ]
 
 
@@ -164,7 +197,8 @@ def render(result: dict[str, Any]) -> str:
     return "\n".join(
         [
             f"Writers flushing their own sessions, {result['turns_per_writer']} turns of 10 messages each, durability full "
-            "unless stated (ratio: to one durable writer in the same mode)",
+            f"unless stated; each case run {result['samples']} times, round by round (ratio: median run to one "
+            "durable writer's median run in the same mode; range: run against run of the same round)",
             "",
             table(result["rows"], COLUMNS),
         ]

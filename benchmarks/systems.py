@@ -44,6 +44,7 @@ import lmdb
 import msgspec
 
 from eventlog import EventLog
+from eventlog.snapshot import copy_message
 
 Message = dict[str, Any]
 PAIR = struct.Struct(">QQ")
@@ -97,9 +98,11 @@ def projection_available() -> str | None:
 class EventLogSystem(System):
     """Our log: ``flush`` (snapshot) or ``append`` (delta), optional projection.
 
-    ``projection``: None; ``"attached"`` (default mode: rows current after every
-    write, the search index fed in batches); ``"search"`` (attached, and each turn
-    waits until the search index is current too: end to end).
+    ``projection``: None; ``"attached"`` (the call alone: the projection catches up on the
+    log's own thread, and that catch-up finishes untimed, before the next turn);
+    ``"rows"`` (attached, and each turn is timed until the projection's rows are current);
+    ``"search"`` (attached, and each turn waits until the search index is current too: end
+    to end).
     """
 
     def __init__(
@@ -113,7 +116,12 @@ class EventLogSystem(System):
         )
         self.log_durability = durability
         label = "append" if mode == "append" else ("flush trust" if trust else "flush")
-        suffix = {None: "", "attached": " +projection", "search": " +projection+search current"}[projection]
+        suffix = {
+            None: "",
+            "attached": " +projection (call only)",
+            "rows": " +projection rows current",
+            "search": " +projection+search current",
+        }[projection]
         self.name = f"eventlog {label} [{durability}]{suffix}"
         self.log: EventLog | None = None
         self.projection: Any = None
@@ -138,7 +146,9 @@ class EventLogSystem(System):
             self.log.append(session_id, new)
         else:
             self.log.flush(session_id, messages)
-        if self.projection_mode == "search":
+        if self.projection_mode == "rows":
+            self.log.sync_projections()
+        elif self.projection_mode == "search":
             self.projection.sync_search()
 
     def settle(self) -> None:
@@ -439,6 +449,7 @@ class BareLMDBSystem(System):
         sync, metasync = LMDB_FLAGS[self.mode]
         self.env = lmdb.open(str(directory / "bare"), map_size=4 << 30, sync=sync, metasync=metasync, max_dbs=2)
         self.db = self.env.open_db(b"messages")
+        self.zeroer = Preallocation(self.env, directory / "bare" / "data.mdb") if sync else None
         self.lengths: dict[str, int] = {}
         self.numbers: dict[str, int] = {}
         self.heads: dict[str, bytes] = {}
@@ -453,6 +464,8 @@ class BareLMDBSystem(System):
         number = self.numbers.setdefault(session_id, len(self.numbers))
         start = self.lengths.get(session_id, 0)
         with self.env.begin(write=True, db=self.db) as txn:
+            if self.zeroer is not None:
+                self.zeroer.keep_ahead()
             for i, body in enumerate(bodies):
                 txn.put(PAIR.pack(number, start + i), body, append=False)
         self.lengths[session_id] = start + len(bodies)
@@ -470,16 +483,44 @@ class BareLMDBSystem(System):
         self.heads[session_id] = parent
 
     def close(self) -> None:
+        if self.zeroer is not None:
+            self.zeroer.close()
         self.env.close()
 
 
-def shared_leaf_copy(value: Any) -> Any:
-    """A copy of ``value``'s dicts and lists that shares its strings and numbers."""
-    if type(value) is dict:
-        return {key: shared_leaf_copy(item) for key, item in value.items()}
-    if type(value) is list:
-        return [shared_leaf_copy(item) for item in value]
-    return value
+class Preallocation:
+    """The product's zeroed space ahead of LMDB, for the floors: a synced commit that writes into
+    blocks that already exist skips the file system's journal commit for new blocks and a new
+    file size, so a floor without it would do more work than the product, not less.  Same policy
+    as the log's: steps of half the file's size, 256 KiB to 8 MiB, topped up when less than a
+    quarter of a step is left, written inside the write transaction."""
+
+    MIN_STEP = 256 * 1024
+    MAX_STEP = 8 << 20
+    ZEROS = bytes(1 << 20)
+
+    def __init__(self, env: lmdb.Environment, data: Path) -> None:
+        self.env = env
+        self.fd = os.open(data, os.O_WRONLY)
+        self.page = env.stat()["psize"]
+        self.zeroed = 0
+
+    def keep_ahead(self) -> None:
+        info = self.env.info()
+        used = (info["last_pgno"] + 1) * self.page
+        step = min(self.MAX_STEP, max(self.MIN_STEP, used // 2))
+        if self.zeroed - used >= step // 4:
+            return
+        size = os.fstat(self.fd).st_size
+        end = min(info["map_size"], max(size, used) + step)
+        offset = size
+        while offset < end:
+            offset += os.pwrite(self.fd, self.ZEROS[: min(len(self.ZEROS), end - offset)], offset)
+        os.fdatasync(self.fd)
+        self.zeroed = end
+
+    def close(self) -> None:
+        os.close(self.fd)
 
 
 class InPlaceCheckFloor(BareLMDBSystem):
@@ -487,10 +528,14 @@ class InPlaceCheckFloor(BareLMDBSystem):
     compared with a copy of it, then a content-addressed commit of the turn (as ``addressed``).
 
     The comparison is one C ``==`` of the caller's list with copies that share the caller's
-    strings (no text is read, and numbers compare by value alone: cheaper than an exact check).
-    The copies are made untimed, when a message first arrives.  Any check that an edited dict
-    cannot slip past has to read every held dict once; this reads each once, plus its copy.
-    ``check=False`` leaves the comparison out (for :class:`TranscriptFloor`).
+    strings (no text is read) and hold each number that another number could equal (``1``,
+    ``True``, ``1.0``, ``0.0`` and ``-0.0``) in the product's own exact wrapper
+    (:func:`eventlog.snapshot.copy_message`), so it catches every edit the product catches:
+    a plain ``==`` would take ``True`` for ``1`` and ``-0.0`` for ``0.0``, whose canonical bytes
+    differ.  The copies are made untimed, when a message first arrives.  Any check that an
+    edited dict cannot slip past has to read every held dict once; this reads each once, plus
+    its copy, and nothing else.  ``check=False`` leaves the comparison out (for
+    :class:`TranscriptFloor`).
     """
 
     def __init__(self, durability: str = "full", *, check: bool = True) -> None:
@@ -501,7 +546,7 @@ class InPlaceCheckFloor(BareLMDBSystem):
 
     def prepare(self, session_id: str, messages: list[Message], new: list[Message]) -> None:
         if self.check:
-            self.copies.extend(map(shared_leaf_copy, new))
+            self.copies.extend(map(copy_message, new))
 
     def turn(self, session_id: str, messages: list[Message], new: list[Message]) -> None:
         if self.check and self.copies != messages:

@@ -27,7 +27,7 @@ from .replay import Occurrence, Tombstone, repair
 from .snapshot import EPHEMERAL_FLAGS, is_ephemeral
 from .spill import RecoveryReport, SpillingWriter, SpillResult, recover
 from .store import Record
-from .verify import Problem, VerifyReport
+from .verify import LogHead, Problem, VerifyReport
 
 __all__ = [
     "COUNTERS",
@@ -40,6 +40,7 @@ __all__ = [
     "FlushResult",
     "HistoryMismatchError",
     "InvalidMessageError",
+    "LogHead",
     "Occurrence",
     "Problem",
     "ReadOnlyError",

@@ -32,6 +32,7 @@ from .interchange import FORMATS, export_lines, function_of, read_jsonl, text_of
 from .log import EventLog
 from .replay import Occurrence
 from .store import Record
+from .verify import LogHead
 
 DEFAULT_LOG = "eventlog-data"
 """Where the log lives when neither ``--log`` nor ``EVENTLOG_PATH`` says."""
@@ -434,7 +435,7 @@ def show(session: str, as_of: int | None, repair: bool, full: bool, as_json: boo
             return
         history = log.history(session)
     markers = _markers(history)
-    lines = []
+    lines: list[str] = []
     for occurrence in history:
         if occurrence.tombstone is None:
             lines.extend(markers.pop(occurrence.position, ()))
@@ -641,9 +642,42 @@ def plain_query(text: str) -> str:
 # -- checking -----------------------------------------------------------------
 
 
+def _log_head(value: str) -> LogHead:
+    try:
+        return LogHead.parse(value)
+    except ValueError as e:
+        raise click.BadParameter(str(e)) from None
+
+
 @cli.command()
+@click.option("--json", "as_json", is_flag=True, help="Print the head as JSON.")
+def head(as_json: bool) -> None:
+    """Print the newest event's seq and hash as SEQ:HASH, to write down somewhere else.
+
+    ``eventlog verify --expect SEQ:HASH`` later fails if the log no longer holds that
+    event with that hash (an older copy restored, a history rewritten).
+    """
+    with _open_log() as log:
+        found = log.log_head()
+    if found is None:
+        _fail(f"the log at {_settings().log_path} has no events yet")
+    if as_json:
+        _print_json({"seq": found.seq, "hash": found.hash})
+    else:
+        click.echo(str(found))
+
+
+@cli.command()
+@click.option(
+    "--expect",
+    "expect",
+    multiple=True,
+    metavar="SEQ:HASH",
+    callback=lambda _ctx, _param, values: [_log_head(v) for v in values],
+    help="An event the log must hold with this hash (from `eventlog head`); repeatable.",
+)
 @click.option("--json", "as_json", is_flag=True, help="Print the report as JSON.")
-def verify(as_json: bool) -> None:
+def verify(expect: list[LogHead], as_json: bool) -> None:
     """Recompute every digest and the event hash chain; exit 0 only if the log is intact.
 
     On failure prints which event is wrong and what differs, and exits 1.
@@ -654,7 +688,7 @@ def verify(as_json: bool) -> None:
         def advance(done: int, total: int) -> None:
             bar.update(task, completed=done, total=max(total, 1))
 
-        report = log.verify(progress=advance)
+        report = log.verify(progress=advance, expect=expect)
     if as_json:
         _print_json(
             {

@@ -382,7 +382,7 @@ def _carried_since(log: EventLog, seq: int) -> int:
 
 def _project(log: EventLog, db_path: Path) -> dict[str, Any]:
     try:
-        from projections import SQLiteProjection  # type: ignore[attr-defined]
+        from projections import SQLiteProjection
     except ImportError as e:
         return {"available": False, "reason": f"the projections package is not available ({e})"}
     started = time.perf_counter()

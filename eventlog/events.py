@@ -22,7 +22,7 @@ class Event(msgspec.Struct, frozen=True, kw_only=True, tag_field="k", omit_defau
     session: str
 
 
-class SessionOpened(Event, tag=1):
+class SessionOpened(Event, tag=1, frozen=True, kw_only=True):
     """A session came into being, optionally forked from ``source`` sharing its first ``at`` messages."""
 
     source: str | None = None
@@ -31,7 +31,7 @@ class SessionOpened(Event, tag=1):
     """Node digest of the source's message at ``at - 1`` (what the fork shares)."""
 
 
-class MessagesAppended(Event, tag=2):
+class MessagesAppended(Event, tag=2, frozen=True, kw_only=True):
     """Messages became live at positions ``position ..`` of the session.
 
     Columns rather than one Struct per message keep encoding and decoding cheap:
@@ -62,7 +62,7 @@ class MessagesAppended(Event, tag=2):
         return self.digests[32 * i : 32 * i + 32]
 
 
-class MessagesTombstoned(Event, tag=3):
+class MessagesTombstoned(Event, tag=3, frozen=True, kw_only=True):
     """Messages at ``position ..`` (the whole live suffix) left the live transcript.
 
     Nothing is deleted: the messages stay in the log for audit and replay.
@@ -78,20 +78,20 @@ class MessagesTombstoned(Event, tag=3):
         return len(self.nodes) // 32
 
 
-class SessionClosed(Event, tag=4):
+class SessionClosed(Event, tag=4, frozen=True, kw_only=True):
     """The session ended (``reason``: free text such as ``"user_exit"``)."""
 
     reason: str = ""
 
 
-class SessionUpdated(Event, tag=5):
+class SessionUpdated(Event, tag=5, frozen=True, kw_only=True):
     """Session metadata: ``fields`` merge into the session's metadata, ``counters`` add up."""
 
     fields: dict[str, Any] = {}
     counters: dict[str, float | int] = {}
 
 
-class MessageAnnotated(Event, tag=6):
+class MessageAnnotated(Event, tag=6, frozen=True, kw_only=True):
     """A display override for an already stored, unchanged message at ``position``."""
 
     position: int

@@ -6,7 +6,7 @@ import logging
 import os
 import threading
 import time
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from typing import Any, TypeVar
 
 from . import codec
@@ -16,7 +16,7 @@ from .projector import Projection, Projector, bind
 from .replay import BodyReader, Occurrence, fill, paused_gc, repair, replay
 from .snapshot import ChangedSince, Prepared, SnapshotCache, is_ephemeral, prepare, release
 from .store import Record, Store, iter_events
-from .verify import VerifyReport, verify
+from .verify import LogHead, VerifyReport, verify
 from .writer import EMPTY_HEAD, SUMMARY_KEY, FlushResult, Writer, _head_hex
 
 __all__ = ["COUNTERS", "EMPTY_HEAD", "SUMMARY_KEY", "EventLog", "FlushResult", "Projection", "check_session_id"]
@@ -85,7 +85,7 @@ def _holding(locks: list[Any], run: Callable[[], T]) -> T:
 
 def _room(prepared: Prepared, stored: int) -> int:
     """Bytes a write of ``prepared`` onto ``stored`` messages may add to the map, at most."""
-    nbytes = sum(map(len, filter(None, prepared.bodies[stored:]))) + 200 * len(prepared.bodies)
+    nbytes = sum(len(body) for body in prepared.bodies[stored:] if body is not None) + 200 * len(prepared.bodies)
     if stored < prepared.released:  # bodies let go will be encoded again: count them at their average size
         nbytes += prepared.released_bytes * (prepared.released - stored) // prepared.released
     return nbytes
@@ -162,7 +162,9 @@ class EventLog:
         ``map_size`` bytes and grows by itself up to ``max_map_size``.  ``cache_messages``
         bounds the snapshot cache, in messages over all sessions (the least recently flushed
         session goes first); on the benchmark's messages each costs about 0.4 KB, 0.8 KB in
-        the default mode once a second flush has copied it.  Each
+        the default mode once a second flush has copied it.  A session longer than
+        ``cache_messages`` keeps copies of its last ``cache_messages`` messages only; a
+        flush then hashes its earlier messages again (once each), not the whole list.  Each
         projection is caught up now, and after every write: on a background thread
         (``project_in_background``, the default), so a write returns once the log has
         committed it, or inside the write call.  Projections that read through their
@@ -514,7 +516,7 @@ class EventLog:
             raise TypeError(f"messages must be a list of message dicts, not {type(messages).__name__}")
         prepared = prepare(messages, None, ephemeral=self._ephemeral, chain=False)
 
-        self._store.reserve(sum(map(len, prepared.bodies)) + 200 * len(prepared.bodies))
+        self._store.reserve(_room(prepared, 0))
         result = self._store.write(lambda txn: self._writer.append(txn, session_id, prepared, expected))
         self._cache.discard(session_id)
         self._after_write()
@@ -616,7 +618,7 @@ class EventLog:
         """The ids of every session in the log, sorted."""
         with self._store.read() as txn:
             cursor = txn.cursor(db=self._store.sessions)
-            return [key.decode("utf-8") for key in cursor.iternext(keys=True, values=False)]
+            return [str(key, "utf-8") for key in cursor.iternext(keys=True, values=False)]
 
     def __contains__(self, session_id: object) -> bool:
         if not isinstance(session_id, str):
@@ -674,14 +676,27 @@ class EventLog:
         """The events with ``seq > after``, in order (``seq`` is gapless from 1)."""
         return iter_events(self._store, after)
 
-    def verify(self, *, progress: Callable[[int, int], None] | None = None) -> VerifyReport:
+    def log_head(self) -> LogHead | None:
+        """The newest event's seq and hash, to write down and check later; None for an empty log.
+
+        ``verify(expect=[head])`` then fails on a log that no longer holds that event
+        with that hash: a restored older copy, or a history rewritten and resealed.
+        """
+        with self._store.read() as txn:
+            seq, digest = self._store.tail(txn)
+        return LogHead(seq, digest.hex()) if seq else None
+
+    def verify(
+        self, *, progress: Callable[[int, int], None] | None = None, expect: Iterable[LogHead] = ()
+    ) -> VerifyReport:
         """Recompute every digest, the event hash chain and the derived indexes.
 
         Returns a :class:`~eventlog.verify.VerifyReport`: ``.ok``, and ``.problems``
         naming the event and what differs.  ``progress(done, total)`` is called as
-        events are checked.
+        events are checked.  ``expect``: heads written down earlier
+        (:meth:`log_head`) that the log must still hold.
         """
-        return verify(self._store, progress=progress)
+        return verify(self._store, progress=progress, expect=expect)
 
     # -- internals -------------------------------------------------------------
 

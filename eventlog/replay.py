@@ -173,8 +173,8 @@ class BodyReader:
         else:
             number = HEADER.unpack_from(raw)[3]
             state = txn.get(state_key(number), db=store.index)
-            intact = state is not None and len(state) == STATE.size  # a damaged state anchors nothing
-            recorded = SessionState.unpack(number, state).last_hash if intact else b""
+            # A damaged state anchors nothing.
+            recorded = SessionState.unpack(number, state).last_hash if state and len(state) == STATE.size else b""
         digest = sha256(SEQ.pack(seq))
         digest.update(raw)  # event_hash(seq, raw), without copying the event
         if digest.digest() != recorded:

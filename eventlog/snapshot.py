@@ -85,10 +85,23 @@ class Prepared:
     """The bodies of the kept messages before this index were let go: they are stored."""
     released_bytes: int = 0
     """How many bytes those bodies held (to reserve room when they are needed again)."""
+    dropped: int = 0
+    """``copies`` before this caller index are :data:`DROPPED`: the list is longer than the
+    cache, which keeps copies of its last positions only (see :class:`SnapshotCache`)."""
 
 
 class SnapshotCache:
-    """The last flushed :class:`Prepared` per session, bounded by total messages held (LRU)."""
+    """The last flushed :class:`Prepared` per session, bounded by total messages held (LRU).
+
+    A session longer than the whole bound is still cached, as its tail: the copies of
+    its first positions are let go (:data:`DROPPED`), so that it holds copies of
+    ``max_messages`` messages, like a full cache.  Its digests, node digests and
+    references to the caller's messages stay, about 200 bytes a message.  A flush then
+    checks the positions without copies by encoding and hashing them once (their node
+    digests are not recomputed), and only those: its cost grows with how far the session
+    is beyond the bound, not with its whole length.  In trust mode there are no copies
+    and nothing is hashed again.
+    """
 
     def __init__(self, max_messages: int = 200_000) -> None:
         self.max_messages = max_messages
@@ -103,33 +116,38 @@ class SnapshotCache:
                 self._items.move_to_end(session_id)
             return found
 
+    def _weight(self, prepared: Prepared) -> int:
+        return min(len(prepared.raw), self.max_messages)
+
     def take(self, session_id: str) -> Prepared | None:
         """Remove and return the session's entry: the caller owns it until it puts one back."""
         with self._lock:
             found = self._items.pop(session_id, None)
             if found is not None:
-                self._size -= len(found.raw)
+                self._size -= self._weight(found)
             return found
 
     def put(self, session_id: str, prepared: Prepared) -> None:
-        if len(prepared.raw) > self.max_messages:
-            self.discard(session_id)
-            return
+        """Cache ``prepared`` (owned by the caller until now) as the session's entry."""
+        excess = len(prepared.copies) - self.max_messages
+        if excess > prepared.dropped:  # longer than the cache: keep the copies of its tail
+            prepared.copies[prepared.dropped : excess] = [DROPPED] * (excess - prepared.dropped)
+            prepared.dropped = excess
         with self._lock:
             old = self._items.pop(session_id, None)
             if old is not None:
-                self._size -= len(old.raw)
+                self._size -= self._weight(old)
             self._items[session_id] = prepared
-            self._size += len(prepared.raw)
-            while self._size > self.max_messages and self._items:
+            self._size += self._weight(prepared)
+            while self._size > self.max_messages and len(self._items) > 1:
                 _, evicted = self._items.popitem(last=False)
-                self._size -= len(evicted.raw)
+                self._size -= self._weight(evicted)
 
     def discard(self, session_id: str) -> None:
         with self._lock:
             old = self._items.pop(session_id, None)
             if old is not None:
-                self._size -= len(old.raw)
+                self._size -= self._weight(old)
 
     def clear(self) -> None:
         with self._lock:
@@ -194,6 +212,7 @@ def prepare(
         out.flags = previous.flags[:reuse]
         if not trust_identity:
             out.copies = previous.copies[:reuse]
+            out.dropped = min(previous.dropped, reuse)
         if out.nodes:
             parent = out.nodes[-1]
     return _extend(out, reuse, parent, ephemeral, trust_identity, chain, previous is not None)
@@ -358,7 +377,7 @@ def release(prepared: Prepared) -> None:
         for j in range(start, stop):
             if fast[kept[j]] == bodies[j]:  # not for a message with `_` keys or scaffolding
                 fast[kept[j]] = RELEASED
-    prepared.released_bytes += sum(map(len, bodies[start:stop]))
+    prepared.released_bytes += sum(len(body) for body in bodies[start:stop] if body is not None)
     prepared.released = stop  # first: a body still held below it is only encoded again
     bodies[start:stop] = [None] * (stop - start)
 
@@ -397,6 +416,9 @@ class _Marker:
 
 PENDING: Any = _Marker("PENDING")
 """No copy yet: the message is checked against its encoding, then copied."""
+DROPPED: Any = _Marker("DROPPED")
+"""The copy was let go (the list is longer than the cache): the message is checked against its
+encoding or digest every time, and not copied again."""
 UNCOPYABLE: Any = _Marker("UNCOPYABLE")
 """The message holds something other than JSON-like values (under a ``_`` key): always re-encoded."""
 
@@ -419,7 +441,7 @@ class _Number:
             return True
         if type(other) is not type(value) or other != value:
             return False
-        return value != 0 or copysign(1.0, other) == copysign(1.0, value)  # type: ignore[arg-type]
+        return value != 0 or copysign(1.0, other) == copysign(1.0, value)
 
     __hash__ = None  # type: ignore[assignment]
 
@@ -487,35 +509,39 @@ def _reusable(raw: list[Any], previous: Prepared | None, trust_identity: bool, o
             return same
         return _first_unequal(old, raw, 0, same)
     # A dict may have been edited in place, or replaced by a fresh one: compare with the copies.
-    copies, fast, encode = previous.copies, previous.fast, codec.encode
+    copies = previous.copies
     if same == len(copies) and _leading_equal(copies, raw, owned):
         return same
-    start = 0
+    start = min(previous.dropped, same)
+    for index in range(start):  # no copies kept: check what they encode to
+        if not _encodes_as_before(raw[index], index, previous):
+            return index
     while (start := _first_unequal(copies, raw, start, same)) < same:
         copy = copies[start]
-        if copy is not PENDING and copy is not UNCOPYABLE:
+        if copy is not PENDING and copy is not UNCOPYABLE and copy is not DROPPED:
             return start  # changed in place (or only in a way hashing it again will show is harmless)
         message = raw[start]
         # Copied before it is checked: an edit racing with this flush then differs from the copy.
         fresh = copy_message(message) if copy is PENDING else copy
-        try:
-            current: bytes | None = encode(message)
-        except Exception:  # an unencodable `_` value: only hashing it again can tell
-            current = None
-        known = fast[start]
-        if known == RELEASED:
-            unchanged = (
-                current is not None and sha256(current).digest() == previous.digests[bisect_left(previous.kept, start)]
-            )
-        else:
-            unchanged = current is not None and current == known
-        if not unchanged:
+        if not _encodes_as_before(message, start, previous):
             return start
         # Unchanged since it was flushed: from now on a comparison checks it.  (Writing into
         # the cached list is safe: it only ever gains copies.)
         copies[start] = fresh
         start += 1
     return same
+
+
+def _encodes_as_before(message: Any, index: int, previous: Prepared) -> bool:
+    """Whether ``message`` encodes as the message flushed at ``index`` of ``previous`` did."""
+    try:
+        current = codec.encode(message)
+    except Exception:  # an unencodable `_` value: only hashing it again can tell
+        return False
+    known = previous.fast[index]
+    if known == RELEASED:
+        return bool(sha256(current).digest() == previous.digests[bisect_left(previous.kept, index)])
+    return current == known
 
 
 def _leading_equal(old: list[Any], raw: list[Any], owned: bool) -> bool:

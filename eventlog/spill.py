@@ -7,20 +7,24 @@ file instead and reports that it did.  Errors that are the caller's (bad message
 a conflicting head, a list that does not match the stored history) are raised as
 usual: spilling them would only postpone the same refusal.
 
-A spill file is JSON Lines, one line per message of the flushed list, in a
-directory of the caller's choosing (ideally on another file system than the log).
-Each line is an object ``{"session": id, "index": i, "message": {...}}``, with
+A spill file is JSON Lines in a directory of the caller's choosing (ideally on
+another file system than the log): a header ``{"session": id, "messages": n,
+"replace": bool, "base": head}`` (``base``: the session's stored head when the list
+was spilled, absent when the log could not be read), then one line per message of
+the flushed list, ``{"session": id, "index": i, "message": {...}}``, with
 ``"summary": true`` for a compaction summary and ``"override": {...}`` for a display
-override.  A flush is a snapshot of the whole transcript, so a spill file holds
+override.  An empty list (a clear) is a header alone.  A flush is a snapshot of the whole transcript, so a spill file holds
 the latest list and is replaced atomically (write, fsync, rename).  File names
 are the session id made path-safe plus a hash of the exact id, so two ids never
 share a file and no id can name a path outside the directory.
 
 :func:`recover` folds spill files back into the log with ordinary, idempotent
 flushes: a recovery interrupted at any point is simply run again, and nothing is
-written twice.  A spill file whose list is already in the log (or is an older
-prefix of it) is removed without writing; one that diverges from what the log
-holds now is kept and reported, never applied over newer history.
+written twice.  While the session's head is still the recorded ``base``, the list
+is flushed exactly as the refused flush would have been (a rewind, an edit, a
+compaction and a clear included).  Once the log has moved on, a list the log
+already holds (or a prefix of it grown from ``base``) is removed without writing,
+and one that would undo newer history is kept and reported, never applied.
 
 >>> import tempfile, os
 >>> from eventlog import EventLog
@@ -163,24 +167,23 @@ class SpillingWriter:
         replace: bool,
         base: str | None,
     ) -> list[dict[str, Any]]:
-        lines: list[dict[str, Any]] = []
+        body_lines: list[dict[str, Any]] = []
         for index, message in enumerate(messages):
             if self._ephemeral(message):
                 continue
             body = codec.strip(message)
             codec.check(body, index)  # the log validated it already unless the log was unreachable
-            line: dict[str, Any] = {"session": session_id, "index": len(lines), "message": body}
+            line: dict[str, Any] = {"session": session_id, "index": len(body_lines), "message": body}
             if isinstance(message, Mapping) and message.get(SUMMARY_KEY):
                 line["summary"] = True
             if overrides and index in overrides:
                 line["override"] = codec.strip(overrides[index])
-            if not lines:
-                if replace:
-                    line["replace"] = True
-                if base is not None:
-                    line["base"] = base  # the stored head the list was meant to replace
-            lines.append(line)
-        return lines
+            body_lines.append(line)
+        # The header comes first, so that an empty list (a clear) is a whole spill too.
+        header: dict[str, Any] = {"session": session_id, "messages": len(body_lines), "replace": replace}
+        if base is not None:
+            header["base"] = base  # the stored head the list was meant to replace
+        return [header, *body_lines]
 
 
 def write_spill(spill_dir: str | os.PathLike[str], session_id: str, lines: list[dict[str, Any]]) -> Path:
@@ -231,6 +234,9 @@ def read_spill(
     ``base`` is the session's stored head when the list was spilled ("" for an
     empty or new session, None when the log could not be read then).
 
+    The first line is a header (session, number of messages, ``replace``, ``base``);
+    one line per message follows.  Files written before the header existed carry
+    ``replace`` and ``base`` on their first message line and are read as well.
     Summary lines get their ``_compressed_summary`` flag back so the flush records
     a compaction.  Raises :class:`ValueError` for a file that is not a whole spill.
     """
@@ -239,14 +245,23 @@ def read_spill(
     overrides: dict[int, dict[str, Any]] = {}
     replace = False
     base: str | None = None
+    count: int | None = None
     with open(path, encoding="utf-8") as f:
         for number, text in enumerate(f):
             if not text.endswith("\n"):
                 raise ValueError(f"{path}: line {number + 1} is cut short")
             line = json.loads(text)
+            if not isinstance(line, dict) or not isinstance(line.get("session"), str):
+                raise ValueError(f"{path}: line {number + 1} is not a spill line")
             if session_id is None:
                 session_id = line["session"]
                 base = line.get("base")
+                replace = bool(line.get("replace"))
+                if "message" not in line:  # the header
+                    count = line["messages"]
+                    if not isinstance(count, int) or count < 0:
+                        raise ValueError(f"{path}: the header's message count is {count!r}")
+                    continue
             if line["session"] != session_id or line["index"] != len(messages) or not isinstance(line["message"], dict):
                 raise ValueError(f"{path}: line {number + 1} does not continue the spill")
             message = dict(line["message"])
@@ -258,19 +273,29 @@ def read_spill(
             messages.append(message)
     if session_id is None:
         raise ValueError(f"{path}: empty spill file")
+    if count is not None and count != len(messages):
+        raise ValueError(f"{path}: the header announces {count} messages, the file holds {len(messages)}")
+    if base is not None and not isinstance(base, str):
+        raise ValueError(f"{path}: base {base!r} is not a head")
     return session_id, messages, overrides, replace, base
 
 
 def recover(log: EventLog, spill_dir: str | os.PathLike[str]) -> RecoveryReport:
     """Fold every spill file in ``spill_dir`` back into ``log``, without duplicates.
 
-    Each file's list is flushed as a snapshot, then the file removed.  A list that
-    is already stored, or is a prefix of what is stored now (the log moved on
-    after the spill), is removed without writing.  A list that diverges from the
-    stored transcript (a rewind or an edit) is applied only when the session's
-    head is still the one recorded at spill time; otherwise the log holds newer
-    history and the file is kept and reported in :attr:`RecoveryReport.kept`.
-    Errors of the log itself are raised.
+    A spill records the session's head at spill time (its ``base``).  While the
+    session's head is still that one, the spilled list is flushed exactly as the
+    refused flush would have been: an extension appends, a rewind, an edit, a
+    compaction or a clear (``replace``) tombstones as it would have, and an
+    unchanged list writes nothing.  Once the log has moved on, a spill is applied
+    only where that cannot undo newer history: a list that the log now holds, or
+    a prefix of it that extended the old head, is removed without writing; a list
+    that extends what the log holds now, grown from the old head, is flushed.
+    Anything else (a rewind or an edit the log has since gone past, a list that
+    diverges from newer history, one whose old head is unknown and that would
+    tombstone) is kept and reported in :attr:`RecoveryReport.kept`, never applied
+    over newer history.  Each file is removed once its list is in the log, so an
+    interrupted recovery is simply run again.  Errors of the log itself are raised.
     """
     report = RecoveryReport()
     directory = Path(spill_dir)
@@ -285,23 +310,71 @@ def recover(log: EventLog, spill_dir: str | os.PathLike[str]) -> RecoveryReport:
         if path.name != spill_name(session_id):
             report.kept[path.name] = f"names session {session_id!r}, whose spill file is {spill_name(session_id)}"
             continue
-        stored = log.messages(session_id) if session_id in log else []
-        wanted = [codec.encode(codec.strip(m)) for m in messages]
-        have = [codec.encode(m) for m in stored]
-        if len(wanted) <= len(have) and have[: len(wanted)] == wanted and not overrides:
-            report.already_stored.append(session_id)
-        elif have and wanted[: len(have)] != have and base != (log.head(session_id) or ""):
-            report.kept[path.name] = (
-                f"session {session_id!r} now holds {len(have)} messages that the spilled list of "
-                f"{len(wanted)} does not extend; flush it yourself to decide"
-            )
+        why = _recover_one(log, session_id, messages, overrides, replace, base, report)
+        if why is not None:
+            report.kept[path.name] = why
             continue
-        else:
-            result = log.flush(session_id, messages, overrides=overrides or None, replace=replace)
-            report.appended += result.appended
-            report.recovered.append(session_id)
         path.unlink()
     return report
+
+
+def _recover_one(
+    log: EventLog,
+    session_id: str,
+    messages: list[dict[str, Any]],
+    overrides: dict[int, dict[str, Any]],
+    replace: bool,
+    base: str | None,
+    report: RecoveryReport,
+) -> str | None:
+    """Apply one spilled list as :func:`recover` describes; the reason it was kept, or None."""
+    head = log.head(session_id) or ""
+    if base is not None and base == head:  # the log has not moved: do what the refused flush would have
+        return _flush(log, session_id, messages, overrides, replace, report)
+    wanted = _chain(messages)
+    have = _chain(log.messages(session_id) if head else [])
+    grown_from_base = base is None or base == "" or base in wanted
+    if wanted == have:
+        return _flush(log, session_id, messages, overrides, replace, report)  # only overrides can be new
+    if wanted[: len(have)] == have and (base is None or base == "" or base in have):
+        return _flush(log, session_id, messages, overrides, replace, report)  # extends the log, grown from base
+    if have[: len(wanted)] == wanted and wanted and grown_from_base and base is not None and not overrides:
+        report.already_stored.append(session_id)  # the log took this list, and more, after the spill
+        return None
+    return (
+        f"session {session_id!r} changed after the spill (its head was {base or 'unknown'}, now {head or 'empty'}); "
+        f"the spilled list of {len(wanted)} messages would undo some of its {len(have)}: flush it yourself to decide"
+    )
+
+
+def _flush(
+    log: EventLog,
+    session_id: str,
+    messages: list[dict[str, Any]],
+    overrides: dict[int, dict[str, Any]],
+    replace: bool,
+    report: RecoveryReport,
+) -> str | None:
+    try:
+        result = log.flush(session_id, messages, overrides=overrides or None, replace=replace)
+    except HistoryMismatchError as e:  # the refused flush would have been refused for this too
+        return f"the spilled list does not continue session {session_id!r} and was not a replacement: {e}"
+    if result.appended or result.tombstoned:
+        report.appended += result.appended
+        report.recovered.append(session_id)
+    else:
+        report.already_stored.append(session_id)
+    return None
+
+
+def _chain(messages: Sequence[Mapping[str, Any]]) -> list[str]:
+    """The node digests (hex) of ``messages`` as a transcript, scaffolding already dropped."""
+    nodes: list[str] = []
+    parent = codec.ZERO
+    for index, message in enumerate(messages):
+        parent = codec.node_digest(parent, codec.content_digest(codec.canonical(codec.strip(message), index)))
+        nodes.append(parent.hex())
+    return nodes
 
 
 __all__ = ["RecoveryReport", "SpillResult", "SpillingWriter", "read_spill", "recover", "spill_name", "write_spill"]

@@ -105,7 +105,7 @@ class SessionState:
         return STATE.pack(self.length, self.head, self.last_seq, self.last_hash, self.closed)
 
     @classmethod
-    def unpack(cls, number: int, raw: bytes) -> SessionState:
+    def unpack(cls, number: int, raw: bytes | memoryview) -> SessionState:
         length, head, last_seq, last_hash, closed = STATE.unpack(raw)
         return cls(number, length, head, last_seq, last_hash, bool(closed))
 
@@ -417,7 +417,7 @@ class Store:
         while True:
             with self._slot():
                 try:
-                    txn = self.env.begin(write=False, buffers=buffers)
+                    txn = self.env.begin(write=False, buffers=True) if buffers else self.env.begin(write=False)
                 except lmdb.MapResizedError:
                     txn = None
                 except lmdb.Error as e:

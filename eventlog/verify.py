@@ -17,9 +17,12 @@ chain in memory from the events alone, and checks that
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import re
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from hashlib import sha256
+
+import lmdb
 
 from . import codec
 from . import events as ev
@@ -37,6 +40,36 @@ class Problem:
 
     def __str__(self) -> str:
         return f"event {self.seq}: {self.what}" if self.seq else self.what
+
+
+_HEAD = re.compile(r"([0-9]+):([0-9a-fA-F]{64})")
+
+
+@dataclass(frozen=True, slots=True)
+class LogHead:
+    """The newest event of a log as one writes it down: its ``seq`` and event ``hash`` (64 hex).
+
+    Its text form is ``SEQ:HASH``, what ``eventlog head`` prints and ``eventlog verify
+    --expect`` takes.  Every event's hash covers the one before it, so a log that still
+    holds this event with this hash holds every event up to it unchanged.
+
+    >>> LogHead.parse("7:" + "ab" * 32).seq
+    7
+    """
+
+    seq: int
+    hash: str
+
+    def __str__(self) -> str:
+        return f"{self.seq}:{self.hash}"
+
+    @classmethod
+    def parse(cls, text: str) -> LogHead:
+        """Read ``SEQ:HASH``; raises ValueError naming what is wrong."""
+        found = _HEAD.fullmatch(text.strip()) if isinstance(text, str) else None
+        if found is None or int(found.group(1)) < 1:
+            raise ValueError(f"{text!r} is not SEQ:HASH (a seq from 1, a colon, 64 hex characters)")
+        return cls(int(found.group(1)), found.group(2).lower())
 
 
 @dataclass(slots=True)
@@ -62,11 +95,20 @@ class VerifyReport:
         return f"FAILED at {self.problems[0]} ({len(self.problems)} problem(s))"
 
 
-def verify(store: Store, *, progress: Callable[[int, int], None] | None = None, limit: int = 100) -> VerifyReport:
+def verify(
+    store: Store,
+    *,
+    progress: Callable[[int, int], None] | None = None,
+    limit: int = 100,
+    expect: Iterable[LogHead] = (),
+) -> VerifyReport:
     """Check the whole log; stop collecting after ``limit`` problems.
 
-    ``progress(done, total)`` is called every few thousand events.
+    ``progress(done, total)`` is called every few thousand events.  Each of ``expect``
+    is an event the log must hold with that hash (a head written down earlier): a log
+    restored from an older copy, or rewritten and resealed, fails here.
     """
+    wanted = {head.seq: bytes.fromhex(head.hash) for head in expect}
     report = VerifyReport()
     problems = report.problems
     chains: dict[str, list[tuple[bytes, bytes, int, int]]] = {}
@@ -99,6 +141,10 @@ def verify(store: Store, *, progress: Callable[[int, int], None] | None = None, 
             if stored_prev != prev_hash:
                 problems.append(Problem(seq, "previous-event hash does not match the event before it"))
             prev_hash = event_hash(seq, raw)
+            if seq in wanted and wanted.pop(seq) != prev_hash:
+                problems.append(
+                    Problem(seq, "does not have the hash written down for it (--expect): history was rewritten")
+                )
             try:
                 event = store.decode(seq, raw)  # hashed just above
             except CorruptLogError as e:
@@ -135,6 +181,10 @@ def verify(store: Store, *, progress: Callable[[int, int], None] | None = None, 
                 progress(report.events, total)
         if report.events != total:
             problems.append(Problem(0, f"the log ends at event {total}, but {report.events} events were found"))
+        for seq in sorted(wanted):
+            problems.append(
+                Problem(0, f"the log has no event {seq}, which was written down as its head (--expect): an older copy?")
+            )
         _check_indexes(store, txn, chains, notes, numbers, last_of, hashes, problems)
     report.sessions = len(chains)
     if progress is not None:
@@ -243,7 +293,7 @@ def _track_notes(
 
 def _check_indexes(
     store: Store,
-    txn,
+    txn: lmdb.Transaction,
     chains: dict[str, list[tuple[bytes, bytes, int, int]]],
     notes: dict[str, dict[int, bytes]],
     numbers: dict[str, int],
@@ -256,7 +306,7 @@ def _check_indexes(
     seen = 0
     for key, raw in txn.cursor(db=store.sessions):
         seen += 1
-        session = key.decode("utf-8", "replace")
+        session = str(key, "utf-8", "replace")
         if session not in chains:
             problems.append(Problem(0, f"index: session {session!r} has no events"))
         elif len(raw) != SEQ.size or SEQ.unpack(raw)[0] != numbers.get(session):

@@ -115,7 +115,7 @@ class Writer:
             state = self.open_session(batch, session_id)
         digests = prepared.digests
         nodes = _chain(head, digests)
-        self.append_messages(batch, session_id, state, prepared.bodies, digests, nodes, {}, {}, 0)
+        self.append_messages(batch, session_id, state, bodies_from(prepared, 0), digests, nodes, {}, {}, 0)
         batch.save(session_id, state)
         return FlushResult(len(nodes), 0, length, state.head.hex())
 
@@ -139,11 +139,12 @@ class Writer:
         state = self.require(txn, session_id)
         seen = state.length
         if expected is not None:
-            seen = self.position_of(txn, state, expected)
-            if seen is None:
+            found = self.position_of(txn, state, expected)
+            if found is None:
                 raise ConflictError(
                     f"session {session_id!r}: expected head {expected.hex()} is not in the live transcript"
                 )
+            seen = found
         if not (isinstance(start, int) and isinstance(end, int) and 0 <= start <= end <= seen):
             raise ValueError(f"compact start={start!r}, end={end!r}: must satisfy 0 <= start <= end <= {seen}")
         batch = Batch(self.store, txn)
@@ -153,7 +154,7 @@ class Writer:
         self.tombstone(batch, session_id, state, start, "compaction")
         digests = prepared.digests + [link[1] for link in tail]
         nodes = _chain(state.head, digests)
-        bodies = prepared.bodies + [b""] * len(tail)
+        bodies = bodies_from(prepared, 0) + [b""] * len(tail)
         carried = {len(prepared.bodies) + i: (link[2], link[3]) for i, link in enumerate(tail)}
         notes = {
             len(prepared.bodies) + i: old_notes[end + i]

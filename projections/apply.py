@@ -16,7 +16,7 @@ from __future__ import annotations
 import sqlite3
 import threading
 from collections.abc import Callable
-from typing import Any, Final
+from typing import Any, Final, assert_never
 
 from eventlog import codec
 from eventlog import events as ev
@@ -219,21 +219,25 @@ class Applier:
         event = record.event
         session = self._session(event.session, record)
         session[LAST_SEQ] = record.seq
-        kind = type(event)
-        if kind is ev.MessagesAppended:
-            self._append(record, event, session)
-        elif kind is ev.MessagesTombstoned:
-            self._tombstone(record, event, session)
-        elif kind is ev.SessionOpened:
-            self._open(record, event, session)
-        elif kind is ev.SessionUpdated:
-            self._update(event, session)
-        elif kind is ev.SessionClosed:
-            session[CLOSED_SEQ], session[CLOSED_NS], session[CLOSE_REASON] = record.seq, record.time_ns, event.reason
-        elif kind is ev.MessageAnnotated:
-            self._annotate(event)
-        else:  # pragma: no cover - the decoder only produces the union's types
-            raise ProjectionCorruptError(f"event {record.seq}: unknown kind {kind.__name__}")
+        match event:
+            case ev.MessagesAppended():
+                self._append(record, event, session)
+            case ev.MessagesTombstoned():
+                self._tombstone(record, event, session)
+            case ev.SessionOpened():
+                self._open(record, event, session)
+            case ev.SessionUpdated():
+                self._update(event, session)
+            case ev.SessionClosed():
+                session[CLOSED_SEQ], session[CLOSED_NS], session[CLOSE_REASON] = (
+                    record.seq,
+                    record.time_ns,
+                    event.reason,
+                )
+            case ev.MessageAnnotated():
+                self._annotate(event)
+            case _:
+                assert_never(event)
 
     def finish(self) -> None:
         """Write buffered rows and the touched sessions; the connection is free when it returns."""

@@ -86,9 +86,10 @@ def test_a_turn_the_full_log_refuses_is_spilled_and_recovered_exactly_once(tmp_p
         outcome = writer.flush("chat", turn)
         assert outcome.spilled
     assert outcome.path is not None and outcome.path.parent == spill
-    lines = [json.loads(line) for line in outcome.path.read_text().splitlines()]
+    header, *lines = [json.loads(line) for line in outcome.path.read_text().splitlines()]
+    assert header["messages"] == 4 and header["replace"] is False and "message" not in header
     assert [line["index"] for line in lines] == [0, 1, 2, 3]  # scaffolding was not spilled
-    assert all(line["session"] == "chat" for line in lines)
+    assert all(line["session"] == "chat" for line in [header, *lines])
     with EventLog.open(tmp_path / "log", max_map_size=64 << 20) as log:
         report = recover(log, spill)
         assert report.ok and report.recovered == ["chat"] and report.appended == 4
@@ -199,3 +200,123 @@ def test_summaries_overrides_and_unicode_survive_the_spill(tmp_path: Path) -> No
             {"role": "assistant", "content": "ok"},
         ]
         assert log.history("s/../x")[0].override == {"display": "hi"}
+
+
+def _spill_against_a_full_log(path: Path, spill: Path, stored: list[dict[str, Any]], **flush: Any) -> Path:
+    """Store ``stored`` in session "chat", then spill ``flush`` for "chat" into a log opened
+    read-only (it refuses every write, however small, and still reads the head)."""
+    with EventLog.open(path) as log:
+        log.flush("chat", stored)
+    with EventLog.open(path, readonly=True) as log:
+        outcome = SpillingWriter(log, spill).flush("chat", **flush)
+        assert outcome.spilled and outcome.path is not None
+        return outcome.path
+
+
+def test_a_spilled_rewind_is_applied_not_taken_for_already_stored(tmp_path: Path) -> None:
+    stored = _turns(3, 10)
+    _spill_against_a_full_log(tmp_path / "log", tmp_path / "spill", stored, messages=stored[:2])
+    with EventLog.open(tmp_path / "log") as log:
+        report = recover(log, tmp_path / "spill")
+        assert report.ok and report.recovered == ["chat"] and report.already_stored == []
+        assert log.messages("chat") == stored[:2]
+        assert [o.tombstone.reason for o in log.history("chat") if o.tombstone] == ["rewind"]
+        assert not list((tmp_path / "spill").glob("*.jsonl"))
+        assert log.verify().ok
+
+
+def test_a_spilled_compaction_is_applied_as_a_compaction(tmp_path: Path) -> None:
+    stored = _turns(4, 10)
+    summary = {"role": "user", "content": "summary of turns 0-2", "_compressed_summary": True}
+    _spill_against_a_full_log(tmp_path / "log", tmp_path / "spill", stored, messages=[summary, stored[3]])
+    with EventLog.open(tmp_path / "log", max_map_size=64 << 20) as log:
+        report = recover(log, tmp_path / "spill")
+        assert report.ok and report.recovered == ["chat"]
+        assert log.messages("chat") == [{"role": "user", "content": "summary of turns 0-2"}, stored[3]]
+        reasons = {o.tombstone.reason for o in log.history("chat") if o.tombstone}
+        assert reasons == {"compaction"}
+
+
+@pytest.mark.parametrize("messages", [[], [{"role": "user", "content": "x", "_thinking_prefill": True}]])
+def test_a_spilled_clear_is_recovered_and_the_cli_exits_0(tmp_path: Path, messages: list[dict[str, Any]]) -> None:
+    from click.testing import CliRunner
+
+    from eventlog.cli import cli
+
+    spill = tmp_path / "spill"
+    path = _spill_against_a_full_log(tmp_path / "log", spill, _turns(2, 10), messages=messages, replace=True)
+    session, read, _, replace, base = read_spill(path)
+    assert (session, read, replace) == ("chat", [], True) and base is not None
+    result = CliRunner().invoke(cli, ["--log", str(tmp_path / "log"), "recover", str(spill)])
+    assert result.exit_code == 0, result.output
+    assert not list(spill.glob("*.jsonl"))
+    with EventLog.open(tmp_path / "log", max_map_size=64 << 20) as log:
+        assert log.messages("chat") == []
+        assert {o.tombstone.reason for o in log.history("chat") if o.tombstone} == {"clear"}
+    # Run again: nothing left to do, still exit 0.
+    assert CliRunner().invoke(cli, ["--log", str(tmp_path / "log"), "recover", str(spill)]).exit_code == 0
+
+
+def test_a_spilled_empty_list_without_replace_is_kept_with_the_reason(tmp_path: Path) -> None:
+    spill = tmp_path / "spill"
+    _spill_against_a_full_log(tmp_path / "log", spill, _turns(2, 10), messages=[])
+    with EventLog.open(tmp_path / "log", max_map_size=64 << 20) as log:
+        report = recover(log, spill)
+        assert spill_name("chat") in report.kept and "replace" in report.kept[spill_name("chat")]
+        assert len(log.messages("chat")) == 2
+
+
+def test_a_spilled_rewind_is_kept_once_the_log_has_moved_on(tmp_path: Path) -> None:
+    stored = _turns(3, 10)
+    _spill_against_a_full_log(tmp_path / "log", tmp_path / "spill", stored, messages=stored[:2])
+    with EventLog.open(tmp_path / "log", max_map_size=64 << 20) as log:
+        newer = [*stored, {"role": "user", "content": "written later"}]
+        log.flush("chat", newer)
+        report = recover(log, tmp_path / "spill")
+        assert spill_name("chat") in report.kept
+        assert log.messages("chat") == newer
+
+
+def test_a_spilled_extension_the_log_later_took_in_full_is_already_stored(tmp_path: Path) -> None:
+    stored = _turns(2, 10)
+    spilled = [*stored, {"role": "user", "content": "spilled"}]
+    _spill_against_a_full_log(tmp_path / "log", tmp_path / "spill", stored, messages=spilled)
+    with EventLog.open(tmp_path / "log", max_map_size=64 << 20) as log:
+        newer = [*spilled, {"role": "assistant", "content": "and later"}]
+        log.flush("chat", newer)
+        report = recover(log, tmp_path / "spill")
+        assert report.ok and report.already_stored == ["chat"]
+        assert log.messages("chat") == newer
+
+
+def test_a_spilled_extension_is_not_applied_over_a_later_rewind(tmp_path: Path) -> None:
+    stored = _turns(3, 10)
+    spilled = [*stored, {"role": "user", "content": "spilled"}]
+    _spill_against_a_full_log(tmp_path / "log", tmp_path / "spill", stored, messages=spilled)
+    with EventLog.open(tmp_path / "log", max_map_size=64 << 20) as log:
+        log.flush("chat", stored[:1])  # rewound by another process after the spill
+        report = recover(log, tmp_path / "spill")
+        assert spill_name("chat") in report.kept
+        assert log.messages("chat") == stored[:1]
+
+
+def test_a_spill_file_cut_after_its_header_is_unreadable_not_an_empty_list(tmp_path: Path) -> None:
+    spill = tmp_path / "spill"
+    path = _spill_against_a_full_log(tmp_path / "log", spill, _turns(2, 10), messages=_turns(3, 10))
+    path.write_text(path.read_text().splitlines(keepends=True)[0])
+    with pytest.raises(ValueError, match="announces 3 messages"):
+        read_spill(path)
+    with EventLog.open(tmp_path / "log") as log:
+        assert spill_name("chat") in recover(log, spill).kept
+        assert len(log.messages("chat")) == 2
+
+
+def test_a_spill_file_without_a_header_is_still_recovered(tmp_path: Path) -> None:
+    spill = tmp_path / "spill"
+    spill.mkdir()
+    lines = [{"session": "s", "index": i, "message": m} for i, m in enumerate(_turns(2, 10))]
+    lines[0]["base"] = ""
+    (spill / spill_name("s")).write_text("".join(json.dumps(line) + "\n" for line in lines))
+    with EventLog.open(tmp_path / "log") as log:
+        assert recover(log, spill).recovered == ["s"]
+        assert log.messages("s") == _turns(2, 10)

@@ -23,7 +23,6 @@ to purge for good.
 
 from __future__ import annotations
 
-import asyncio
 import base64
 import builtins
 import threading
@@ -33,28 +32,29 @@ from dataclasses import dataclass, field
 from hashlib import sha256
 from typing import Any
 
+from ..aio import AsyncEventLog
 from ..errors import ConflictError, UnknownSessionError
 from ..log import EMPTY_HEAD, EventLog
+from . import AnyEventLog, as_async, require
 
-try:
-    from langchain_core.messages import BaseMessage
-    from langchain_core.runnables import RunnableConfig
-    from langgraph.checkpoint.base import (
-        WRITES_IDX_MAP,
-        BaseCheckpointSaver,
-        ChannelVersions,
-        Checkpoint,
-        CheckpointMetadata,
-        CheckpointTuple,
-        get_checkpoint_id,
-        get_checkpoint_metadata,
-        writes_sort_key,
-    )
-    from langgraph.checkpoint.serde.base import SerializerProtocol
-except ImportError as e:  # pragma: no cover - exercised without the extra installed
-    raise ImportError("eventlog.integrations.langgraph needs LangGraph: pip install 'agent-eventlog[langgraph]'") from e
+require("langgraph", "langgraph.checkpoint.base", distribution="langgraph")
 
-from .langgraph_messages import MessageCodec, is_message_list, is_plain, snapshot, unchanged
+from langchain_core.messages import BaseMessage  # noqa: E402
+from langchain_core.runnables import RunnableConfig  # noqa: E402
+from langgraph.checkpoint.base import (  # noqa: E402
+    WRITES_IDX_MAP,
+    BaseCheckpointSaver,
+    ChannelVersions,
+    Checkpoint,
+    CheckpointMetadata,
+    CheckpointTuple,
+    get_checkpoint_id,
+    get_checkpoint_metadata,
+    writes_sort_key,
+)
+from langgraph.checkpoint.serde.base import SerializerProtocol  # noqa: E402
+
+from .langgraph_messages import MessageCodec, is_message_list, is_plain, snapshot, unchanged  # noqa: E402
 
 __all__ = ["INLINE_BYTES", "SEP", "EventLogSaver"]
 
@@ -171,11 +171,13 @@ class EventLogSaver(BaseCheckpointSaver[int]):
     (default) to survive power loss.
     """
 
-    def __init__(self, log: EventLog, *, serde: SerializerProtocol | None = None) -> None:
+    def __init__(self, log: AnyEventLog, *, serde: SerializerProtocol | None = None) -> None:
         super().__init__(serde=serde)
-        if not isinstance(log, EventLog):
-            raise TypeError(f"EventLogSaver needs an EventLog, not {type(log).__name__}")
-        self.log = log
+        if not isinstance(log, (EventLog, AsyncEventLog)):
+            raise TypeError(f"EventLogSaver needs an EventLog or an AsyncEventLog, not {type(log).__name__}")
+        self._async = as_async(log)
+        self.log = self._async.sync
+        """The synchronous log every method works on (the async ones on the log's workers)."""
         self._codec = MessageCodec(self.serde)
         self._lock = threading.RLock()
         self._threads: dict[str, _Thread] = {}
@@ -619,7 +621,7 @@ class EventLogSaver(BaseCheckpointSaver[int]):
     # -- async twins ----------------------------------------------------------------
 
     async def aget_tuple(self, config: RunnableConfig) -> CheckpointTuple | None:
-        return await asyncio.to_thread(self.get_tuple, config)
+        return await self._async.run(self.get_tuple, config)
 
     async def alist(
         self,
@@ -629,7 +631,7 @@ class EventLogSaver(BaseCheckpointSaver[int]):
         before: RunnableConfig | None = None,
         limit: int | None = None,
     ) -> AsyncIterator[CheckpointTuple]:
-        items = await asyncio.to_thread(lambda: list(self.list(config, filter=filter, before=before, limit=limit)))
+        items = await self._async.run(lambda: list(self.list(config, filter=filter, before=before, limit=limit)))
         for item in items:
             yield item
 
@@ -640,7 +642,7 @@ class EventLogSaver(BaseCheckpointSaver[int]):
         metadata: CheckpointMetadata,
         new_versions: ChannelVersions,
     ) -> RunnableConfig:
-        return await asyncio.to_thread(self.put, config, checkpoint, metadata, new_versions)
+        return await self._async.run(self.put, config, checkpoint, metadata, new_versions)
 
     async def aput_writes(
         self,
@@ -649,19 +651,19 @@ class EventLogSaver(BaseCheckpointSaver[int]):
         task_id: str,
         task_path: str = "",
     ) -> None:
-        await asyncio.to_thread(self.put_writes, config, writes, task_id, task_path)
+        await self._async.run(self.put_writes, config, writes, task_id, task_path)
 
     async def adelete_thread(self, thread_id: str) -> None:
-        await asyncio.to_thread(self.delete_thread, thread_id)
+        await self._async.run(self.delete_thread, thread_id)
 
     async def adelete_for_runs(self, run_ids: Sequence[str]) -> None:
-        await asyncio.to_thread(self.delete_for_runs, run_ids)
+        await self._async.run(self.delete_for_runs, run_ids)
 
     async def acopy_thread(self, source_thread_id: str, target_thread_id: str) -> None:
-        await asyncio.to_thread(self.copy_thread, source_thread_id, target_thread_id)
+        await self._async.run(self.copy_thread, source_thread_id, target_thread_id)
 
     async def aprune(self, thread_ids: Sequence[str], *, strategy: str = "keep_latest") -> None:
-        await asyncio.to_thread(self.prune, thread_ids, strategy=strategy)
+        await self._async.run(self.prune, thread_ids, strategy=strategy)
 
 
 def _key(row: dict[str, Any]) -> tuple[str, str]:

@@ -1,0 +1,357 @@
+"""AsyncEventLog: the EventLog API awaited, shared commits, cancellation, per-session order."""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+import random
+import threading
+from collections.abc import Iterator, Mapping
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from eventlog import ConflictError, EventLog, EventLogError, UnknownSessionError
+from eventlog.aio import AsyncEventLog
+
+WAIT = 10.0  # seconds a test waits for another thread before it fails instead of hanging
+
+
+def turn(n: int) -> list[dict[str, Any]]:
+    return [{"role": "user", "content": f"question {n}"}, {"role": "assistant", "content": f"answer {n}"}]
+
+
+class Gate(Mapping[str, Any]):
+    """A message whose first reading (on the worker that flushes it) waits until ``open()``.
+
+    It holds a worker inside a flush, before the write, for as long as a test needs.
+    """
+
+    def __init__(self, content: str) -> None:
+        self._body = {"role": "user", "content": content}
+        self.reading = threading.Event()  # a worker has started reading it
+        self._open = threading.Event()
+
+    def open(self) -> None:
+        self._open.set()
+
+    def __getitem__(self, key: str) -> Any:
+        return self._body[key]
+
+    def __len__(self) -> int:
+        return len(self._body)
+
+    def __iter__(self) -> Iterator[str]:
+        self.reading.set()
+        if not self._open.wait(WAIT):
+            raise AssertionError("the gate was never opened")
+        return iter(self._body)
+
+
+async def wait_for(event: threading.Event) -> None:
+    """Wait for ``event`` (set on another thread) without blocking the loop."""
+    for _ in range(int(WAIT / 0.005)):
+        if event.is_set():
+            return
+        await asyncio.sleep(0.005)
+    raise AssertionError("timed out")
+
+
+def run(coro: Any) -> Any:
+    return asyncio.run(coro)
+
+
+def test_every_method_of_the_issue_is_awaitable() -> None:
+    names = [
+        "open",
+        "flush",
+        "flush_many",
+        "append",
+        "rewind",
+        "compact",
+        "fork",
+        "messages",
+        "history",
+        "session",
+        "head",
+        "sessions",
+        "verify",
+        "update_session",
+        "close_session",
+        "close",
+    ]
+    for name in names:
+        assert inspect.iscoroutinefunction(getattr(AsyncEventLog, name)), name
+        if name not in ("open", "session"):
+            assert hasattr(EventLog, name), name
+
+
+def test_awaited_calls_give_what_the_sync_log_gives(tmp_path: Path) -> None:
+    async def scenario(log: Any, call: Any) -> list[Any]:
+        out: list[Any] = []
+        first = turn(1)
+        out.append(await call(log.flush("a", first)))
+        out.append(await call(log.flush("a", first + turn(2))))
+        out.append(await call(log.append("a", turn(3), expected_head=None)))
+        out.append(await call(log.rewind("a", to=4)))
+        out.append(await call(log.fork("a", "b", 2)))
+        out.append(
+            await call(
+                log.compact("a", start=0, end=2, summary=[{"role": "user", "content": "[summary]"}], expected_head=None)
+            )
+        )
+        await call(log.update_session("a", title="chat", input_tokens=3))
+        await call(log.update_session("a", input_tokens=4))
+        await call(log.close_session("b", reason="done"))
+        out.append(await call(log.messages("a")))
+        out.append(await call(log.messages("b")))
+        out.append(await call(log.head("a")))
+        out.append(await call(log.sessions()))
+        out.append([(o.position, o.digest, o.tombstone and o.tombstone.reason) for o in await call(log.history("a"))])
+        out.append((await call(log.verify())).ok)
+        return out
+
+    async def awaited(value: Any) -> Any:
+        return await value
+
+    async def plain(value: Any) -> Any:
+        return value
+
+    async def via_async() -> list[Any]:
+        async with await AsyncEventLog.open(tmp_path / "async") as log:
+            return await scenario(log, awaited)
+
+    with EventLog.open(tmp_path / "sync") as sync:
+        expected = run(scenario(sync, plain))
+    assert run(via_async()) == expected
+    assert expected[-1] is True and expected[-3] == ["a", "b"]
+
+
+def test_errors_reach_the_awaiting_task_unchanged(tmp_path: Path) -> None:
+    async def main() -> None:
+        async with await AsyncEventLog.open(tmp_path / "log") as log:
+            await log.flush("s", turn(1))
+            with pytest.raises(ConflictError):
+                await log.flush("s", turn(1) + turn(2), expected_head="0" * 64)
+            with pytest.raises(UnknownSessionError):
+                await log.rewind("nobody", to=0)
+            with pytest.raises(TypeError, match="list of message dicts"):
+                await log.flush("s", "not a list")  # type: ignore[arg-type]
+            assert await log.messages("s") == turn(1)  # nothing of the failed calls was written
+
+    run(main())
+
+
+def test_closed_log_refuses_calls_and_closes_what_it_owns(tmp_path: Path) -> None:
+    async def main() -> AsyncEventLog:
+        log = await AsyncEventLog.open(tmp_path / "log")
+        async with log:
+            await log.flush("s", turn(1))
+        with pytest.raises(EventLogError, match="closed"):
+            await log.flush("s", turn(1))
+        await log.close()  # twice is harmless
+        return log
+
+    run(main())
+    with EventLog.open(tmp_path / "log") as reopened:  # the owned log was closed: it opens again
+        assert reopened.messages("s") == turn(1)
+
+
+def test_a_wrapped_log_stays_open(tmp_path: Path) -> None:
+    with EventLog.open(tmp_path / "log") as sync:
+
+        async def main() -> None:
+            async with AsyncEventLog(sync) as log:
+                await log.flush("s", turn(1))
+            assert log.sync is sync
+
+        run(main())
+        assert sync.messages("s") == turn(1)  # still usable
+
+
+def test_the_loop_keeps_running_while_a_worker_flushes(tmp_path: Path) -> None:
+    # The flush waits (on its worker) for a gate that only another task of the same loop opens:
+    # if the log blocked the loop, the gate would never open and the flush would fail.
+    async def main() -> None:
+        async with await AsyncEventLog.open(tmp_path / "log") as log:
+            gate = Gate("held")
+            flushing = asyncio.create_task(log.flush("s", [gate]))
+            await wait_for(gate.reading)
+            assert not flushing.done()
+            gate.open()
+            assert (await flushing).appended == 1
+            assert await log.messages("s") == [{"role": "user", "content": "held"}]
+
+    run(main())
+
+
+def test_concurrent_flushes_share_commits(tmp_path: Path) -> None:
+    # 64 tasks, each flushing its own growing session: the log commits fewer times than
+    # there are turns (group commit).  With one worker every turn is a commit of its own,
+    # which shows the count measures what it should.
+    async def main(workers: int) -> tuple[int, int]:
+        async with await AsyncEventLog.open(tmp_path / f"log-{workers}", max_workers=workers) as log:
+
+            async def agent(i: int) -> None:
+                history: list[dict[str, Any]] = []
+                for n in range(5):
+                    history += turn(n)
+                    await log.flush(f"session-{i}", history)
+
+            before = (await log.info())["commits"]
+            await asyncio.gather(*(agent(i) for i in range(64)))
+            commits = (await log.info())["commits"] - before
+            for i in (0, 63):
+                assert len(await log.messages(f"session-{i}")) == 10
+            return commits, 64 * 5
+
+    commits, turns = run(main(32))
+    assert commits < turns
+    serial, turns = run(main(1))
+    assert serial == turns
+
+
+def test_cancelled_before_a_worker_took_it_never_runs(tmp_path: Path) -> None:
+    async def main() -> None:
+        async with await AsyncEventLog.open(tmp_path / "log", max_workers=1) as log:
+            gate = Gate("occupies the only worker")
+            busy = asyncio.create_task(log.flush("other", [gate]))
+            await wait_for(gate.reading)
+            queued = asyncio.create_task(log.flush("s", turn(1)))
+            await asyncio.sleep(0)  # submitted, waiting for the worker
+            queued.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await queued
+            gate.open()
+            await busy
+            assert "s" not in await log.sessions()
+            assert not await log.contains("s")
+
+    run(main())
+
+
+def test_cancelled_while_a_worker_runs_it_waits_for_the_worker(tmp_path: Path) -> None:
+    # The cancelled task hears of it only after the worker finished its flush, so the flush
+    # in its finally block comes after the interrupted one and is never undone by it.
+    async def main() -> None:
+        async with await AsyncEventLog.open(tmp_path / "log") as log:
+            history: list[Any] = [*turn(1)]
+            await log.flush("s", history)
+            gate = Gate("question 2")
+            history.append(gate)
+            acknowledged: list[int] = []
+
+            async def agent() -> None:
+                try:
+                    await log.flush("s", history)
+                finally:
+                    history.append({"role": "assistant", "content": "answer 2"})
+                    result = await log.flush("s", history)
+                    acknowledged.append(result.unchanged + result.appended)
+
+            task = asyncio.create_task(agent())
+            await wait_for(gate.reading)
+            task.cancel()
+            await asyncio.sleep(0.05)
+            assert not task.done()  # still waiting for its worker, though cancelled
+            task.cancel()  # a second cancellation does not cut the wait short either
+            await asyncio.sleep(0.05)
+            assert not task.done()
+            gate.open()
+            with pytest.raises(asyncio.CancelledError):
+                await task
+            assert acknowledged == [4]
+            stored = await log.messages("s")
+            assert [m["content"] for m in stored] == ["question 1", "answer 1", "question 2", "answer 2"]
+            assert all(o.tombstone is None for o in await log.history("s"))
+
+    run(main())
+
+
+def test_calls_of_one_session_run_in_the_order_they_were_made(tmp_path: Path) -> None:
+    # Task A's append holds a worker before it writes; task B then flushes, on another worker,
+    # the list that A's append makes.  B runs after A: had it run first, A's append would add
+    # its message a second time after B's turn.
+    async def main() -> None:
+        async with await AsyncEventLog.open(tmp_path / "log", max_workers=4) as log:
+            await log.flush("s", turn(1))
+            gate = Gate("question 2")
+            first = asyncio.create_task(log.append("s", [gate]))
+            await wait_for(gate.reading)
+            second = asyncio.create_task(
+                log.flush("s", [*turn(1), {"role": "user", "content": "question 2"}, *turn(2)[1:]])
+            )
+            await asyncio.sleep(0.05)
+            assert not second.done()  # waiting behind the first
+            gate.open()
+            assert (await first).appended == 1
+            assert (await second).appended == 1
+            assert [m["content"] for m in await log.messages("s")] == [
+                "question 1",
+                "answer 1",
+                "question 2",
+                "answer 2",
+            ]
+            assert all(o.tombstone is None for o in await log.history("s"))
+
+    run(main())
+
+
+def test_cancellation_never_loses_an_acknowledged_turn_nor_half_writes_one(tmp_path: Path) -> None:
+    # Many agents flush growing sessions while a canceller cancels their tasks at random
+    # moments; each restarts from where it was (as a supervisor would) and flushes its list
+    # again.  Every acknowledged flush is stored, nothing is stored that a task never flushed,
+    # each flush landed whole (the stored length is one a flush asked for), and no flush was
+    # undone by an older one (no tombstone anywhere).
+    rng = random.Random(17)
+    agents, turns_each = 16, 12
+
+    async def main() -> None:
+        async with await AsyncEventLog.open(tmp_path / "log", durability="process", max_workers=8) as log:
+            histories: dict[int, list[dict[str, Any]]] = {i: [] for i in range(agents)}
+            flushed: dict[int, set[int]] = {i: {0} for i in range(agents)}
+            acked: dict[int, int] = dict.fromkeys(range(agents), 0)
+
+            async def agent(i: int) -> None:
+                history = histories[i]
+                while True:
+                    if len(history) == acked[i]:  # the last flush was acknowledged: next turn
+                        if len(history) == 2 * turns_each:
+                            return
+                        history += turn(len(history) // 2)
+                    flushed[i].add(len(history))
+                    result = await log.flush(f"s{i}", history)
+                    assert result.unchanged + result.appended == len(history)
+                    acked[i] = len(history)
+
+            async def supervise(i: int) -> int:
+                cancelled = 0
+                while True:
+                    task = asyncio.create_task(agent(i))
+                    await asyncio.sleep(rng.random() * 0.004)
+                    task.cancel()
+                    try:
+                        await task
+                        return cancelled
+                    except asyncio.CancelledError:
+                        cancelled += 1
+
+            counts = await asyncio.gather(*(supervise(i) for i in range(agents)))
+            assert sum(counts) > agents  # the cancellations did happen
+            for i in range(agents):
+                stored = await log.messages(f"s{i}")
+                assert stored == histories[i] and len(stored) in flushed[i]
+                assert len(stored) >= acked[i]
+                assert all(o.tombstone is None for o in await log.history(f"s{i}"))
+            assert (await log.verify()).ok
+
+    run(main())
+
+
+def test_constructor_arguments_are_checked(tmp_path: Path) -> None:
+    with pytest.raises(TypeError, match="wraps an EventLog"):
+        AsyncEventLog(str(tmp_path))  # type: ignore[arg-type]
+    with EventLog.open(tmp_path / "log") as sync:
+        with pytest.raises(ValueError, match="max_workers"):
+            AsyncEventLog(sync, max_workers=0)
