@@ -23,7 +23,7 @@ from .errors import (
     UnknownSessionError,
 )
 from .log import COUNTERS, EMPTY_HEAD, EventLog, FlushResult, check_session_id
-from .replay import Occurrence, Tombstone, repair
+from .replay import Occurrence, SessionInfo, Tombstone, repair
 from .snapshot import EPHEMERAL_FLAGS, is_ephemeral
 from .spill import RecoveryReport, SpillingWriter, SpillResult, recover
 from .store import Record
@@ -46,6 +46,7 @@ __all__ = [
     "ReadOnlyError",
     "Record",
     "RecoveryReport",
+    "SessionInfo",
     "SpillResult",
     "SpillingWriter",
     "StorageFullError",

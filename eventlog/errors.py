@@ -2,10 +2,16 @@
 
 One root, :class:`EventLogError`, and a child per situation a caller would handle
 separately: a concurrency conflict, a snapshot that does not belong to the stored
-history, bad input, a corrupt log, and a full store.
+history, bad input, a corrupt log, and a full store; and :func:`translate`, which turns
+LMDB's errors into them at the boundary.
 """
 
 from __future__ import annotations
+
+import errno
+import os
+
+import lmdb
 
 
 class EventLogError(Exception):
@@ -59,3 +65,44 @@ class StorageFullError(EventLogError):
 
 class ReadOnlyError(EventLogError):
     """The log's files cannot be written (read-only file system or permissions)."""
+
+
+NEARLY_FULL = 4 << 20
+"""Free bytes below which an I/O error from LMDB is reported as a full disk."""
+
+
+def translate(e: lmdb.Error, path: str) -> EventLogError:
+    """Turn an LMDB error into the event log error a caller can act on."""
+    code = getattr(e, "errno", None)
+    text = str(e)
+    if isinstance(e, lmdb.MapFullError):
+        return StorageFullError(f"{path}: the log reached its maximum size ({text})")
+    if code == errno.ENOSPC or "No space left" in text:
+        return StorageFullError(f"{path}: no space left on device ({text})")
+    if (code == errno.EIO or "Input/output error" in text) and _nearly_full(path):
+        # LMDB reports a failed write of its pages as EIO; on a full disk, say so.
+        return StorageFullError(f"{path}: no space left on device ({text})")
+    if isinstance(e, lmdb.ReadonlyError) or code in (errno.EROFS, errno.EACCES, errno.EPERM) or "Read-only" in text:
+        return ReadOnlyError(f"{path}: cannot write the log ({text})")
+    if isinstance(e, lmdb.PanicError):  # this process's environment, not the files
+        return EventLogError(f"{path}: LMDB stopped this process's use of the log ({text}); close and open it again")
+    if isinstance(
+        e,
+        (
+            lmdb.CorruptedError,
+            lmdb.PageNotFoundError,
+            lmdb.InvalidError,
+            lmdb.VersionMismatchError,
+            lmdb.BadChecksumError,
+        ),
+    ):
+        return CorruptLogError(f"{path}: the log's files are damaged ({type(e).__name__}: {text})")
+    return EventLogError(f"{path}: {type(e).__name__}: {text}")
+
+
+def _nearly_full(path: str) -> bool:
+    try:
+        st = os.statvfs(path)
+    except OSError:
+        return False
+    return st.f_bavail * st.f_frsize < NEARLY_FULL

@@ -7,19 +7,29 @@ import os
 import threading
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from contextlib import ExitStack
 from typing import Any, TypeVar
 
 from . import codec
 from .codec import ZERO
 from .errors import InvalidMessageError
 from .projector import Projection, Projector, bind
-from .replay import BodyReader, Occurrence, fill, paused_gc, repair, replay
+from .replay import BodyReader, Occurrence, SessionInfo, fill, paused_gc, repair, replay, session_info
 from .snapshot import ChangedSince, Prepared, SnapshotCache, is_ephemeral, prepare, release
 from .store import Record, Store, iter_events
 from .verify import LogHead, VerifyReport, verify
 from .writer import EMPTY_HEAD, SUMMARY_KEY, FlushResult, Writer, _head_hex
 
-__all__ = ["COUNTERS", "EMPTY_HEAD", "SUMMARY_KEY", "EventLog", "FlushResult", "Projection", "check_session_id"]
+__all__ = [
+    "COUNTERS",
+    "EMPTY_HEAD",
+    "SUMMARY_KEY",
+    "EventLog",
+    "FlushResult",
+    "Projection",
+    "SessionInfo",
+    "check_session_id",
+]
 
 logger = logging.getLogger("eventlog")
 
@@ -75,12 +85,16 @@ class _Turn:
 
 
 def _holding(locks: list[Any], run: Callable[[], T]) -> T:
-    """``run()`` holding every lock of ``locks``, taken in order (``with`` for each: an
-    interrupt never leaves one held)."""
-    if not locks:
+    """``run()`` holding every lock of ``locks``, taken in order and released in reverse.
+
+    An exit stack rather than nested ``with`` blocks: a flush of ten thousand sessions
+    would otherwise nest ten thousand frames deep.  An interrupt while taking them
+    releases the ones already held.
+    """
+    with ExitStack() as stack:
+        for lock in locks:
+            stack.enter_context(lock)
         return run()
-    with locks[0]:
-        return _holding(locks[1:], run)
 
 
 def _room(prepared: Prepared, stored: int) -> int:
@@ -91,15 +105,40 @@ def _room(prepared: Prepared, stored: int) -> int:
     return nbytes
 
 
-def _head_bytes(expected_head: str | None) -> bytes | None:
+def _head_bytes(expected_head: str | None, name: str = "expected_head") -> bytes | None:
     if expected_head is None:
         return None
     if not isinstance(expected_head, str) or len(expected_head) != 64:
-        raise ValueError(f"expected_head must be 64 hex characters, not {expected_head!r}")
+        raise ValueError(f"{name} must be 64 hex characters, not {expected_head!r}")
     try:
         return bytes.fromhex(expected_head)
     except ValueError:
-        raise ValueError(f"expected_head must be 64 hex characters, not {expected_head!r}") from None
+        raise ValueError(f"{name} must be 64 hex characters, not {expected_head!r}") from None
+
+
+def _expected_heads(expected_heads: Mapping[str, str] | None, transcripts: Mapping[str, Any]) -> dict[str, bytes]:
+    """``flush_many``'s ``expected_heads`` validated, as bytes (a ``None`` head expects nothing)."""
+    if expected_heads is None:
+        return {}
+    if not isinstance(expected_heads, Mapping):
+        raise TypeError(f"expected_heads must map session ids to heads, not {type(expected_heads).__name__}")
+    out: dict[str, bytes] = {}
+    for session_id, head in expected_heads.items():
+        if session_id not in transcripts:
+            raise ValueError(f"expected_heads names session {session_id!r}, which is not in transcripts")
+        found = _head_bytes(head, f"expected_heads[{session_id!r}]")
+        if found is not None:
+            out[session_id] = found
+    return out
+
+
+def _count(value: object, name: str) -> int:
+    """``value`` if it is an int >= 0; ``TypeError``/``ValueError`` naming ``name`` otherwise."""
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TypeError(f"{name} must be an int, not {type(value).__name__}")
+    if value < 0:
+        raise ValueError(f"{name} must be >= 0, not {value}")
+    return value
 
 
 class EventLog:
@@ -402,6 +441,7 @@ class EventLog:
         self,
         transcripts: Mapping[str, Sequence[Mapping[str, Any]]],
         *,
+        expected_heads: Mapping[str, str] | None = None,
         replace: bool = False,
     ) -> dict[str, FlushResult]:
         """:meth:`flush` several sessions in one transaction: every one lands, or none does.
@@ -411,21 +451,30 @@ class EventLog:
         of an import file).  Each is compared with its stored transcript under the same
         rules; when one of them raises, nothing of any of them is written.  An error
         about a message names its session.  Returns each session's result.
+
+        ``expected_heads`` makes the write a compare-and-set across sessions (a
+        conversation and its record, a session and its state): it maps some of the
+        sessions to the head the caller read (:data:`EMPTY_HEAD` for "empty or new"),
+        and when any of them has to be written and its stored head differs,
+        :class:`ConflictError` names that session and nothing is written.  As with
+        ``flush(expected_head=)``, a list that is already stored writes nothing and
+        raises nothing.
         """
         if isinstance(transcripts, (str, bytes)) or not isinstance(transcripts, Mapping):
             raise TypeError(f"transcripts must map session ids to lists of messages, not {type(transcripts).__name__}")
         for session_id in transcripts:
             check_session_id(session_id)
+        expected = _expected_heads(expected_heads, transcripts)
         turns = self._turns_of(sorted(transcripts))  # one order everywhere: no deadlock
         try:
-            return _holding([turn.lock for turn in turns], lambda: self._flush_many(transcripts, replace))
+            return _holding([turn.lock for turn in turns], lambda: self._flush_many(transcripts, expected, replace))
         finally:
             with self._turns_guard:
                 for turn in turns:
                     turn.users -= 1
 
     def _flush_many(
-        self, transcripts: Mapping[str, Sequence[Mapping[str, Any]]], replace: bool
+        self, transcripts: Mapping[str, Sequence[Mapping[str, Any]]], expected: dict[str, bytes], replace: bool
     ) -> dict[str, FlushResult]:
         store, writer = self._store, self._writer
         taken: dict[str, Prepared | None] = {}  # each session's cached entry, taken out as in flush
@@ -466,7 +515,7 @@ class EventLog:
                 def body(txn: Any) -> dict[str, FlushResult]:
                     now = time.time_ns()  # one time for the whole write: projections show all of it or none
                     return {
-                        session_id: writer.flush(txn, session_id, p, {}, None, replace, now)
+                        session_id: writer.flush(txn, session_id, p, {}, expected.get(session_id), replace, now)
                         for session_id, p in prepared.items()
                     }
 
@@ -627,36 +676,69 @@ class EventLog:
             return self._store.session(txn, session_id) is not None
 
     def messages(
-        self, session_id: str, *, as_of: int | None = None, repair_tool_calls: bool = False
+        self,
+        session_id: str,
+        *,
+        last: int | None = None,
+        as_of: int | None = None,
+        repair_tool_calls: bool = False,
     ) -> list[dict[str, Any]]:
         """The live transcript as wire dicts, ready to resume the agent.
 
-        Values come back JSON-like: a tuple that was flushed comes back as a list;
-        ``_`` keys and scaffolding were never stored.  ``as_of`` replays the
-        transcript as it was right after event ``as_of``.  ``repair_tool_calls``
-        returns a copy fixed for model APIs (see :func:`eventlog.replay.repair`);
-        the log is not changed.  Raises :class:`UnknownSessionError`.
+        A session that does not exist reads as empty (``[]``), so a restarted agent
+        resumes with ``messages = log.messages(session_id)`` and nothing else.  Values
+        come back JSON-like: a tuple that was flushed comes back as a list; ``_`` keys
+        and scaffolding were never stored.  ``last=N`` returns only the last ``N`` live
+        messages, reading only those (the live chain is indexed by position).
+        ``as_of`` replays the transcript as it was right after event ``as_of``.
+        ``repair_tool_calls`` returns a copy fixed for model APIs (see
+        :func:`eventlog.replay.repair`; with ``last``, the window is repaired); the log
+        is not changed.  Raises ``TypeError``/``ValueError`` for a ``last`` or ``as_of``
+        that is not an int >= 0.
         """
         check_session_id(session_id)
+        if last is not None:
+            _count(last, "last")
+        if as_of is not None:
+            _count(as_of, "as_of")
         store = self._store
         # The live transcript is read from memoryviews of the map (each event is
         # hashed and decoded in place, and no view outlives the transaction).
         with store.read(buffers=as_of is None) as txn:
-            state = self._writer.require(txn, session_id)
-            if as_of is None:
+            state = store.session(txn, session_id)
+            if state is None:
+                return []
+            reader = BodyReader(store, txn)
+            if as_of is not None:
+                occurrences, live = replay(store, txn, session_id, as_of)
+                if last is not None:
+                    live = live[len(live) - last :] if last else []
+                out = reader.messages((bytes.fromhex(occurrences[i].digest), *occurrences[i].source) for i in live)
+            elif last is not None:
+                start = max(0, state.length - last)
+                out = reader.messages(store.locations(txn, state.number, state.length, start))
+            else:
                 with paused_gc(state.length):
-                    reader = BodyReader(store, txn)
                     found = reader.appended(state)
                     out = (
                         found
                         if found is not None
                         else reader.messages(store.locations(txn, state.number, state.length))
                     )
-            else:
-                occurrences, live = replay(store, txn, session_id, as_of)
-                reader = BodyReader(store, txn)
-                out = reader.messages((bytes.fromhex(occurrences[i].digest), *occurrences[i].source) for i in live)
         return repair(out) if repair_tool_calls else out
+
+    def session(self, session_id: str) -> SessionInfo | None:
+        """What the log knows about a session, without a projection; ``None`` when it does not exist.
+
+        Live length and head, the metadata and summed counters given to
+        :meth:`update_session`, the times of its first and newest events, whether it is
+        closed (and why), and the session it was forked from.  See
+        :class:`~eventlog.replay.SessionInfo`.  Reads one envelope per event of the
+        session, and decodes only its opening, metadata and close events.
+        """
+        check_session_id(session_id)
+        with self._store.read(buffers=True) as txn:
+            return session_info(self._store, txn, session_id)
 
     def history(self, session_id: str) -> list[Occurrence]:
         """Every message occurrence of the session in seq order, tombstoned ones included.
@@ -664,10 +746,10 @@ class EventLog:
         Each entry has the message, its position, node and content digests, the seq
         of the event that made it live, how it got there (``origin``), its display
         override, and its :class:`~eventlog.replay.Tombstone` (reason, seq) or None.
+        A session that does not exist has no history (``[]``).
         """
         check_session_id(session_id)
         with self._store.read() as txn:
-            self._writer.require(txn, session_id)
             occurrences, _ = replay(self._store, txn, session_id)
             fill(self._store, txn, occurrences)
         return occurrences
@@ -702,7 +784,7 @@ class EventLog:
 
     def _after_write(self) -> None:
         if self._projector is not None:
-            self._projector.poke(self._store._tail[0])
+            self._projector.poke(self._store.committed_seq)
             return
         for projection in self._projections:
             try:

@@ -23,7 +23,8 @@ import msgspec
 
 from . import events as ev
 from .errors import CorruptLogError
-from .store import HEADER, SEQ, STATE, SessionState, Store, state_key
+from .keys import HEADER, SEQ, STATE, SessionState, state_key
+from .store import Store
 
 
 @dataclass(frozen=True, slots=True)
@@ -262,6 +263,100 @@ _APPEND_ONLY: Final = frozenset(
     {_OPENED, _APPENDED, ev.KIND[ev.SessionClosed], ev.KIND[ev.SessionUpdated], ev.KIND[ev.MessageAnnotated]}
 )
 """Event kinds that leave a session's live messages exactly the ones it appended."""
+
+
+@dataclass(frozen=True, slots=True)
+class SessionInfo:
+    """What the log knows about a session, without a projection (:meth:`EventLog.session`).
+
+    ``length`` live messages ending at ``head`` (64 hex, ``None`` when empty);
+    ``metadata``: every field given to ``update_session``, merged (a later value
+    replaces an earlier one); ``counters``: the counter fields, summed.  Times are
+    the log's event times in nanoseconds since the epoch: ``created_*`` of the event
+    that opened the session, ``updated_*`` of its newest event.  ``closed`` is True
+    from ``close_session`` until the next write to the session, with its
+    ``close_reason``.  A forked session names its source and how many of the
+    source's messages it shares (``fork_position``).
+    """
+
+    id: str
+    length: int
+    head: str | None
+    metadata: dict[str, Any]
+    counters: dict[str, float | int]
+    created_seq: int
+    created_ns: int
+    updated_seq: int
+    updated_ns: int
+    closed: bool
+    close_reason: str | None
+    forked_from: str | None
+    fork_position: int | None
+
+
+_INFO_KINDS: Final = frozenset({ev.KIND[ev.SessionOpened], ev.KIND[ev.SessionUpdated], ev.KIND[ev.SessionClosed]})
+"""The event kinds whose payload a session's description reads."""
+
+
+def session_info(store: Store, txn: lmdb.Transaction, session_id: str) -> SessionInfo | None:
+    """Describe a session from its state and its events (``None`` when it does not exist).
+
+    The session's events are walked back through their envelopes; only the payloads of
+    opening, metadata and close events are decoded, each checked against its hash first,
+    so a message-heavy session costs one envelope read per event.
+    """
+    state = store.session(txn, session_id)
+    if state is None:
+        return None
+    reader = BodyReader(store, txn)
+    wanted: list[int] = []
+    first = seq = state.last_seq
+    last_ns = created_ns = 0
+    while seq:
+        raw = store.raw_event(txn, seq)
+        if raw is None or len(raw) < HEADER.size:
+            raise CorruptLogError(f"{store.path}: event {seq} of session {state.number} is missing")
+        _, time_ns, kind, number, before = HEADER.unpack_from(raw)
+        if number != state.number or before >= seq:
+            raise CorruptLogError(f"{store.path}: event {seq} is not linked to session {state.number}")
+        if seq == state.last_seq:
+            last_ns = time_ns
+        if kind in _INFO_KINDS:
+            wanted.append(seq)
+        first, created_ns = seq, time_ns
+        seq = before
+    for seq in (state.last_seq, first):  # the times shown are checked like the payloads read
+        reader.checked(seq)
+    metadata: dict[str, Any] = {}
+    counters: dict[str, float | int] = {}
+    close_reason: str | None = None
+    forked_from: str | None = None
+    fork_position: int | None = None
+    for seq in reversed(wanted):
+        event = store.decode(seq, reader.checked(seq))
+        if isinstance(event, ev.SessionUpdated):
+            metadata.update(event.fields)
+            for key, value in event.counters.items():
+                counters[key] = counters.get(key, 0) + value
+        elif isinstance(event, ev.SessionClosed):
+            close_reason = event.reason
+        elif isinstance(event, ev.SessionOpened) and event.source is not None:
+            forked_from, fork_position = event.source, event.at
+    return SessionInfo(
+        id=session_id,
+        length=state.length,
+        head=state.head.hex() if state.length else None,
+        metadata=metadata,
+        counters=counters,
+        created_seq=first,
+        created_ns=created_ns,
+        updated_seq=state.last_seq,
+        updated_ns=last_ns,
+        closed=state.closed,
+        close_reason=close_reason if state.closed else None,
+        forked_from=forked_from,
+        fork_position=fork_position,
+    )
 
 
 def session_events(store: Store, txn: lmdb.Transaction, state: SessionState, upto: int | None = None) -> list[int]:

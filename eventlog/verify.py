@@ -28,7 +28,8 @@ from . import codec
 from . import events as ev
 from .codec import ZERO
 from .errors import CorruptLogError
-from .store import HEADER, LINK, SEQ, STATE, SessionState, Store, event_hash
+from .keys import HEADER, LINK, SEQ, STATE, SessionState, event_hash
+from .store import Store
 
 
 @dataclass(frozen=True, slots=True)

@@ -22,8 +22,9 @@ from . import codec
 from . import events as ev
 from .codec import ZERO, node_digest
 from .errors import ConflictError, CorruptLogError, HistoryMismatchError, UnknownSessionError
+from .keys import LINK, SEQ, SessionState, chain_key, note_key
 from .snapshot import Prepared, bodies_from
-from .store import LINK, SEQ, Batch, SessionState, Store, chain_key, note_key
+from .store import Batch, Store
 
 EMPTY_HEAD = "0" * 64
 """``expected_head`` value meaning "the session must be empty (or not exist yet)"."""

@@ -9,18 +9,20 @@ import pytest
 from factories import assistant, user
 
 from eventlog import EMPTY_HEAD, ConflictError, EventLog, EventLogError, HistoryMismatchError, events
-from eventlog.store import WAKE_POLL, _Request
+from eventlog.commit import WAKE_POLL, GroupCommit, Request
+from eventlog.space import ZeroedSpace
+from eventlog.store import Store
 
 
 def end_commit_in_flight(store) -> None:
-    """What a leader's last step does (``Store._write``): the next caller in line leads."""
-    with store._group:
-        if store._queue:
-            store._holder = store._queue[0]
-            store._queue[0].lead = store._queue[0].woken = True
-            store._queue[0].wake.release()
+    """What a leader's last step does (``GroupCommit._write``): the next caller in line leads."""
+    with store.group.lock:
+        if store.group.queue:
+            store.group.holder = store.group.queue[0]
+            store.group.queue[0].lead = store.group.queue[0].woken = True
+            store.group.queue[0].wake.release()
         else:
-            store._leading = False
+            store.group.leading = False
 
 
 def run_grouped(log: EventLog, calls):
@@ -36,15 +38,15 @@ def run_grouped(log: EventLog, calls):
 
     threads = [threading.Thread(target=run, args=(i, c)) for i, c in enumerate(calls)]
     commits = store.commits
-    with store._group:
-        store._leading = True  # another thread's commit is in flight
+    with store.group.lock:
+        store.group.leading = True  # another thread's commit is in flight
     try:
         for n, t in enumerate(threads, 1):
             t.start()  # one at a time, so the queue order is the call order
             deadline = time.monotonic() + 10
-            while len(store._queue) < n and time.monotonic() < deadline:
+            while len(store.group.queue) < n and time.monotonic() < deadline:
                 time.sleep(0.001)
-            assert len(store._queue) == n, "writer did not queue up"
+            assert len(store.group.queue) == n, "writer did not queue up"
     finally:
         end_commit_in_flight(store)  # the commit in flight ends: hand the lead to the first in line
     for t in threads:
@@ -168,7 +170,7 @@ def test_a_body_that_fails_after_writing_leaves_nothing(log):
 
 def test_a_group_that_cannot_be_committed_fails_every_caller_in_it_and_nothing_hangs(log, monkeypatch):
     store = log._store
-    real = type(store)._commit_group
+    real = GroupCommit._commit_group
     fired = []
 
     def failing_once(self, group):
@@ -177,26 +179,26 @@ def test_a_group_that_cannot_be_committed_fails_every_caller_in_it_and_nothing_h
             raise OSError(5, "simulated I/O error before the transaction")
         return real(self, group)
 
-    monkeypatch.setattr(type(store), "_commit_group", failing_once)
+    monkeypatch.setattr(GroupCommit, "_commit_group", failing_once)
     calls = [lambda i=i: log.flush(f"s{i}", [user(f"q{i}")]) for i in range(5)]
     results, _ = run_grouped(log, calls)
     assert fired == [5]
     assert all(isinstance(r, OSError) for r in results)
     assert log.last_seq == 0  # nothing of the failed group landed
     assert log.flush("after", [user("q")]).appended == 1  # and the log still takes writes
-    assert not store._queue and not store._leading
+    assert not store.group.queue and not store.group.leading
 
 
 def _start_interrupted_flush(log: EventLog, monkeypatch, wake) -> tuple[threading.Thread, list]:
     """Start a flush in a thread whose wait for its turn uses ``wake()`` (where Ctrl-C lands)."""
-    real_init = _Request.__init__
+    real_init = Request.__init__
 
     def init(self, body):
         real_init(self, body)
         if threading.current_thread().name == "interrupted":
             self.wake = wake()
 
-    monkeypatch.setattr(_Request, "__init__", init)
+    monkeypatch.setattr(Request, "__init__", init)
     outcome: list = []
     return _start_until_interrupted("interrupted", lambda: log.flush("gone", [user("never")]), outcome), outcome
 
@@ -231,11 +233,11 @@ def test_a_caller_interrupted_while_waiting_leaves_the_queue_working(log, monkey
     leader = threading.Thread(target=lambda: store.write(lambda txn: release.wait(10)))
     leader.start()  # a commit in flight
     deadline = time.monotonic() + 10
-    while not store._leading and time.monotonic() < deadline:
+    while not store.group.leading and time.monotonic() < deadline:
         time.sleep(0.001)
     t, outcome = _start_interrupted_flush(log, monkeypatch, Interrupted)
     t.join(10)
-    assert outcome == ["interrupted"] and not store._queue  # the abandoned write left the queue
+    assert outcome == ["interrupted"] and not store.group.queue  # the abandoned write left the queue
     release.set()
     leader.join(10)
     later = threading.Thread(target=lambda: outcome.append(log.flush("later", [user("q")]).appended))
@@ -262,16 +264,16 @@ def test_a_caller_interrupted_just_as_the_lead_is_handed_to_it_passes_it_on(log,
         def release(self):
             self.lock.release()
 
-    with store._group:
-        store._leading = True  # another thread's commit is in flight
+    with store.group.lock:
+        store.group.leading = True  # another thread's commit is in flight
     t, outcome = _start_interrupted_flush(log, monkeypatch, HandedThenInterrupted)
     deadline = time.monotonic() + 10
-    while not store._queue and time.monotonic() < deadline:
+    while not store.group.queue and time.monotonic() < deadline:
         time.sleep(0.001)
     end_commit_in_flight(store)  # the commit in flight ends: the lead goes to the waiting caller ...
     t.join(10)  # ... who was interrupted as it woke
     assert outcome == ["interrupted"]
-    assert not store._queue and not store._leading  # the lead was passed on, to nobody
+    assert not store.group.queue and not store.group.leading  # the lead was passed on, to nobody
     assert _within(10, lambda: log.flush("s", [user("q")]))
     assert "gone" not in log.sessions()
 
@@ -328,7 +330,7 @@ def test_an_interrupt_of_the_committing_thread_is_its_own(log, monkeypatch, afte
         assert all(log.flush(f"s{i}", [user(f"q{i}")]).appended == 1 for i in range(4))  # retried
     assert log.flush("next", [user("q")]).appended == 1  # the chain of events goes on
     assert log.verify().ok
-    assert not store._queue and not store._leading
+    assert not store.group.queue and not store.group.leading
 
 
 def test_a_write_too_big_for_the_largest_map_fails_alone(tmp_path):
@@ -353,18 +355,17 @@ def test_an_interrupt_before_any_event_of_a_group_acknowledges_nothing(tmp_path,
     """Ctrl-C while the committing thread zeroes space ahead (a long sync, before any event of
     the group is written) must not pass the previous group's commit off as this one's."""
     with EventLog.open(tmp_path / "synced", durability="full") as synced:
-        store = synced._store
         synced.flush("before", [user("q")])  # a committed group: the store remembers its tail
-        real = type(store)._preallocate
+        real = ZeroedSpace.extend
         fired = []
 
-        def interrupted(self):
+        def interrupted(self, info, commits):
             if not fired:
                 fired.append(True)
                 raise KeyboardInterrupt
-            return real(self)
+            return real(self, info, commits)
 
-        monkeypatch.setattr(type(store), "_preallocate", interrupted)
+        monkeypatch.setattr(ZeroedSpace, "extend", interrupted)
         results, _ = run_grouped(synced, [lambda i=i: synced.flush(f"s{i}", [user(f"q{i}")]) for i in range(3)])
         monkeypatch.undo()
         assert fired and isinstance(results[0], KeyboardInterrupt)
@@ -407,16 +408,22 @@ def _within(seconds: float, call) -> bool:
     return done.wait(seconds)
 
 
-@pytest.mark.parametrize("where", ["write", "_write", "_slot", "_commit_group"])
-def test_an_interrupt_anywhere_in_taking_a_turn_to_write_leaves_the_log_working(tmp_path, where):
-    from eventlog.store import Store
-
-    function = getattr(Store, where)
+@pytest.mark.parametrize(
+    ("owner", "where"),
+    [
+        (GroupCommit, "write"),
+        (GroupCommit, "_write"),
+        (Store, "slot"),
+        (GroupCommit, "_commit_group"),
+    ],
+)
+def test_an_interrupt_anywhere_in_taking_a_turn_to_write_leaves_the_log_working(tmp_path, owner, where):
+    function = getattr(owner, where)
     code = getattr(function, "__wrapped__", function).__code__  # _slot is a context manager
     n = 0
     while True:
         n += 1
-        with EventLog.open(tmp_path / f"{where}-{n}") as log:
+        with EventLog.open(tmp_path / f"{owner.__name__}-{where}-{n}") as log:
             first = log.append("s", [user("q")])
             landed = _interrupt_at(code, n, lambda: log.append("s", [assistant("a")], expected_head=first.head))
             after_interrupt = log.messages("s")
@@ -437,9 +444,7 @@ def test_an_interrupt_anywhere_in_taking_a_turn_to_write_leaves_the_log_working(
 def test_callers_behind_an_interrupted_leader_return_and_are_told_the_truth(tmp_path, where):
     """The first caller in line leads a group of three and is interrupted at one point after
     another; the two behind it always return, told "stored" exactly when their write is."""
-    from eventlog.store import Store
-
-    code = getattr(Store, where).__code__
+    code = getattr(GroupCommit, where).__code__
     n = 0
     while True:
         n += 1
@@ -471,15 +476,15 @@ def test_callers_behind_an_interrupted_leader_return_and_are_told_the_truth(tmp_
                 finally:
                     sys.setprofile(None)
 
-            with store._group:
-                store._leading = True  # a commit in flight: the three queue up in order
+            with store.group.lock:
+                store.group.leading = True  # a commit in flight: the three queue up in order
             threads = [threading.Thread(target=write, args=("leader", n))]
             threads += [threading.Thread(target=write, args=(name,)) for name in ("f1", "f2")]
             for t in threads:
-                queued = len(store._queue)
+                queued = len(store.group.queue)
                 t.start()
                 deadline = time.monotonic() + 10
-                while len(store._queue) == queued and t.is_alive() and time.monotonic() < deadline:
+                while len(store.group.queue) == queued and t.is_alive() and time.monotonic() < deadline:
                     time.sleep(0.001)  # until it waits in line (or, interrupted first, has left)
             end_commit_in_flight(store)
             for t in threads:
@@ -500,8 +505,6 @@ def test_callers_behind_an_interrupted_leader_return_and_are_told_the_truth(tmp_
 
 def test_close_in_the_except_block_of_an_interrupt_never_waits_for_itself(tmp_path):
     import sys
-
-    from eventlog.store import Store
 
     read = Store.read.__wrapped__.__code__
     outcome = []
@@ -559,7 +562,7 @@ def _hold_commits_of(thread: str, store, monkeypatch) -> tuple[threading.Event, 
     """Make the commits led by the thread named ``thread`` wait, once their transaction is
     open, until the second event is set; the first is set when one starts waiting."""
     committing, proceed = threading.Event(), threading.Event()
-    run_group = store._run_group
+    run_group = store.group._run_group
 
     def slow_run_group(txn, group):
         if threading.current_thread().name == thread:
@@ -567,7 +570,7 @@ def _hold_commits_of(thread: str, store, monkeypatch) -> tuple[threading.Event, 
             proceed.wait(10)
         return run_group(txn, group)
 
-    monkeypatch.setattr(store, "_run_group", slow_run_group)
+    monkeypatch.setattr(store.group, "_run_group", slow_run_group)
     return committing, proceed
 
 
@@ -583,22 +586,22 @@ def test_a_leader_interrupted_as_it_hands_over_never_leaves_the_lead_to_nobody(l
                 raise KeyboardInterrupt  # the hand-over: `following = queue[0]`
             return super().__getitem__(key)
 
-    store._queue = Queue()
+    store.group.queue = Queue()
     outcome: list[str] = []
     ta = _start_until_interrupted("A", lambda: log.append("a", [user("first")]), outcome)
     assert committing.wait(10)
     tb = threading.Thread(target=log.append, args=("b", [user("second")]), name="B")
     tb.start()
     deadline = time.monotonic() + 10
-    while not store._queue and time.monotonic() < deadline:
+    while not store.group.queue and time.monotonic() < deadline:
         time.sleep(0.001)  # B is in line
     proceed.set()
     ta.join(10)
-    assert outcome == ["interrupted"] and store._leading  # A's write is stored, the lead left with it
+    assert outcome == ["interrupted"] and store.group.leading  # A's write is stored, the lead left with it
     tb.join(10)
     assert not tb.is_alive(), "B waits for a lead nobody holds"
     assert (log.messages("a"), log.messages("b")) == ([user("first")], [user("second")])
-    assert not store._queue and not store._leading and store._holder is None
+    assert not store.group.queue and not store.group.leading and store.group.holder is None
 
 
 def test_a_caller_interrupted_twice_while_waiting_never_leaves_the_lead_to_nobody(log, monkeypatch):
@@ -624,9 +627,9 @@ def test_a_caller_interrupted_twice_while_waiting_never_leaves_the_lead_to_nobod
                 raise KeyboardInterrupt
             super().remove(item)
 
-    store._queue = Queue()
-    b_request: list[_Request] = []
-    real_init = _Request.__init__
+    store.group.queue = Queue()
+    b_request: list[Request] = []
+    real_init = Request.__init__
 
     def init(self, body):
         real_init(self, body)
@@ -634,23 +637,22 @@ def test_a_caller_interrupted_twice_while_waiting_never_leaves_the_lead_to_nobod
             self.wake = Interrupted()
             b_request.append(self)
 
-    monkeypatch.setattr(_Request, "__init__", init)
+    monkeypatch.setattr(Request, "__init__", init)
 
     a = threading.Thread(target=log.append, args=("a", [user("first")]), name="A")
     a.start()
     assert committing.wait(10)
     _start_until_interrupted("B", lambda: log.append("b", [user("never")]), outcome).join(10)
     assert outcome == ["waiting", "leaving", "interrupted"]
-    assert b_request[0] in store._queue and b_request[0].abandoned  # left behind by the second interrupt
+    assert b_request[0] in store.group.queue and b_request[0].abandoned  # left behind by the second interrupt
     proceed.set()
     a.join(10)
     assert not a.is_alive()
     assert outcome[-1] == "handed the lead"  # to a request nobody waits for
     assert _within(10, lambda: log.append("c", [user("next")])), "a write after the two interrupts hangs"
     assert (log.messages("a"), log.messages("c")) == ([user("first")], [user("next")])
-    with pytest.raises(EventLogError, match="no session 'b'"):
-        log.messages("b")
-    assert not store._queue and not store._leading
+    assert "b" not in log and log.messages("b") == []
+    assert not store.group.queue and not store.group.leading
 
 
 def _hand_over_cut_short(log: EventLog, monkeypatch, cut) -> int:
@@ -659,19 +661,19 @@ def _hand_over_cut_short(log: EventLog, monkeypatch, cut) -> int:
     their commit for longer than a waiter's poll, so that a waiter taking over from a live
     leader would be seen.  Returns the most commits led at once."""
     store = log._store
-    store.max_group = 1
+    store.group.max_group = 1
     committing, proceed = _hold_commits_of("A", store, monkeypatch)
-    requests: dict[str, _Request] = {}
-    real_init = _Request.__init__
+    requests: dict[str, Request] = {}
+    real_init = Request.__init__
 
     def init(self, body):
         real_init(self, body)
         requests[threading.current_thread().name] = self
 
-    monkeypatch.setattr(_Request, "__init__", init)
+    monkeypatch.setattr(Request, "__init__", init)
     cut(store, requests)
     leading, most, count = [0], [0], threading.Lock()
-    commit_group = store._commit_group
+    commit_group = store.group._commit_group
 
     def counted(group):
         with count:
@@ -685,7 +687,7 @@ def _hand_over_cut_short(log: EventLog, monkeypatch, cut) -> int:
             with count:
                 leading[0] -= 1
 
-    monkeypatch.setattr(store, "_commit_group", counted)
+    monkeypatch.setattr(store.group, "_commit_group", counted)
     outcome: dict[str, object] = {}
 
     def write(name):
@@ -700,7 +702,7 @@ def _hand_over_cut_short(log: EventLog, monkeypatch, cut) -> int:
     for name in "BC":
         threads[name].start()
         deadline = time.monotonic() + 10
-        while name not in requests or requests[name] not in store._queue:
+        while name not in requests or requests[name] not in store.group.queue:
             assert time.monotonic() < deadline, f"{name} never queued"
             time.sleep(0.001)
     proceed.set()
@@ -709,25 +711,24 @@ def _hand_over_cut_short(log: EventLog, monkeypatch, cut) -> int:
         assert not t.is_alive(), f"{name} waits for a lead nobody holds"
     assert isinstance(outcome["A"], KeyboardInterrupt)  # the interrupt is A's own; its write is stored
     assert [log.messages(name) for name in "ABC"] == [[user(name)] for name in "ABC"]
-    assert not store._queue and not store._leading and store._holder is None
+    assert not store.group.queue and not store.group.leading and store.group.holder is None
     return most[0]
 
 
 def test_a_leader_interrupted_as_it_names_the_next_leader_leaves_one_leader(log, monkeypatch):
     """The interrupt lands as A names B the holder of the lead: B and C both look, one leads,
     and the other waits for it (it does not take over from a live leader)."""
-    from eventlog.store import Store
 
     def cut(store, requests):
         def get(self):
-            return self.__dict__["_holder"]
+            return self.__dict__["holder"]
 
         def put(self, value):
             if threading.current_thread().name == "A" and value is not None and value is not requests["A"]:
-                raise KeyboardInterrupt  # the hand-over: `self._holder = following`
-            self.__dict__["_holder"] = value
+                raise KeyboardInterrupt  # the hand-over: `self.holder = following`
+            self.__dict__["holder"] = value
 
-        monkeypatch.setattr(Store, "_holder", property(get, put), raising=False)
+        monkeypatch.setattr(GroupCommit, "holder", property(get, put), raising=False)
 
     assert _hand_over_cut_short(log, monkeypatch, cut) == 1, "two callers led at once"
 
@@ -736,27 +737,89 @@ def test_a_caller_named_leader_whose_lead_was_never_set_takes_it(log, monkeypatc
     """The interrupt lands after A names B the holder, as it sets B's lead: B, polling, finds
     itself named and leads; C does not take over from it."""
 
-    class LeadCutShort(_Request):
+    class LeadCutShort(Request):
         __slots__ = ()
 
         @property
         def lead(self):
-            return _Request.lead.__get__(self, _Request)
+            return Request.lead.__get__(self, Request)
 
         @lead.setter
         def lead(self, value):
             if value and threading.current_thread().name == "A":
                 raise KeyboardInterrupt  # the hand-over: `following.lead = True`
-            _Request.lead.__set__(self, value)
+            Request.lead.__set__(self, value)
 
     def cut(store, requests):
-        real_init = _Request.__init__
+        real_init = Request.__init__
 
         def init(self, body):
             real_init(self, body)
             if threading.current_thread().name == "B":
                 self.__class__ = LeadCutShort
 
-        monkeypatch.setattr(_Request, "__init__", init)
+        monkeypatch.setattr(Request, "__init__", init)
 
     assert _hand_over_cut_short(log, monkeypatch, cut) == 1, "two callers led at once"
+
+
+def test_a_request_is_named_holder_before_its_lead_is_set(log, monkeypatch):
+    """The hand-over names the next holder before it sets that caller's lead: an interrupt
+    between the two leaves the lead with nobody (a waiter takes it over) rather than with a
+    caller that is not named holder (a waiter would take over from the holder that is done,
+    and lead beside it).  Looked at directly, before any waiter can move the lead."""
+    store = log._store
+    committing, proceed = _hold_commits_of("A", store, monkeypatch)
+    requests: dict[str, Request] = {}
+    gate = threading.Event()  # B looks at nothing until the test has looked
+
+    class Gated:
+        def __init__(self):
+            self.real = threading.Lock()
+            self.real.acquire()
+
+        def acquire(self, blocking=True, timeout=-1):
+            gate.wait(10)
+            return self.real.acquire(blocking, timeout)
+
+        def release(self):
+            self.real.release()
+
+    real_init = Request.__init__
+
+    def init(self, body):
+        real_init(self, body)
+        requests[threading.current_thread().name] = self
+        if threading.current_thread().name == "B":
+            self.wake = Gated()
+
+    monkeypatch.setattr(Request, "__init__", init)
+
+    def get(self):
+        return self.__dict__["holder"]
+
+    def put(self, value):
+        if threading.current_thread().name == "A" and value is not None and value is requests.get("B"):
+            raise KeyboardInterrupt  # the hand-over: `self.holder = following`
+        self.__dict__["holder"] = value
+
+    monkeypatch.setattr(GroupCommit, "holder", property(get, put), raising=False)
+    outcome: list[str] = []
+    a = _start_until_interrupted("A", lambda: log.append("a", [user("first")]), outcome)
+    assert committing.wait(10)
+    b = threading.Thread(target=log.append, args=("b", [user("second")]), name="B")
+    b.start()
+    deadline = time.monotonic() + 10
+    while "B" not in requests or requests["B"] not in store.group.queue:
+        assert time.monotonic() < deadline, "B never queued"
+        time.sleep(0.001)
+    proceed.set()
+    a.join(10)
+    assert outcome == ["interrupted"]
+    assert store.group.holder is requests["A"] and requests["A"].done
+    assert not requests["B"].lead, "B leads while the holder named is A, which is done: a waiter would lead too"
+    gate.set()
+    b.join(10)
+    assert not b.is_alive(), "B waits for a lead nobody holds"
+    assert (log.messages("a"), log.messages("b")) == ([user("first")], [user("second")])
+    assert not store.group.queue and not store.group.leading and store.group.holder is None

@@ -17,8 +17,8 @@ import pytest
 from crashkit import raw_env, raw_events
 
 from eventlog import CorruptLogError, EventLog
+from eventlog.keys import LINK, SEQ, STATE, chain_key, state_key
 from eventlog.replay import paused_gc
-from eventlog.store import LINK, SEQ, STATE, chain_key, state_key
 
 
 def _message(i: int) -> dict[str, object]:

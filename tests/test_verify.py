@@ -109,7 +109,8 @@ def test_events_of_every_size_in_turn_are_stored_exactly(tmp_path):
     """The buffer events are encoded into is reused: after a large event, a small one or a
     larger one must hold its own bytes and nothing of the one before."""
     from eventlog import events as ev
-    from eventlog.store import EVENT_BUFFER_KEEP, HEADER
+    from eventlog.keys import HEADER
+    from eventlog.store import EVENT_BUFFER_KEEP
 
     path = tmp_path / "l"
     sizes = [(1500, 900), (3, 10), (40, 2_000), (1, 5), (1024, EVENT_BUFFER_KEEP // 900), (2, 50), (300, 700)]

@@ -1,0 +1,96 @@
+"""Key and value formats of the LMDB databases, and the stored event as a reader sees it.
+
+Every number is fixed-width and big-endian, so keys sort as their numbers do and a
+session's writes land at the end of its own key range.  The layout of each database
+is in docs/design.md; the formats are:
+
+``events``    ``SEQ`` key -> ``HEADER`` envelope + msgspec-encoded payload.
+``sessions``  UTF-8 session id -> ``SEQ`` session number.
+``index``     :func:`chain_key` -> ``LINK``; :func:`state_key` -> ``STATE``;
+              :func:`note_key` -> node digest (32 bytes) + encoded display override.
+``meta``      ``b"format"`` -> :data:`FORMAT`, ``b"log_id"`` -> 16 bytes,
+              ``b"next_sid"`` -> ``SEQ``.
+"""
+
+from __future__ import annotations
+
+import struct
+from dataclasses import dataclass
+from hashlib import sha256
+from typing import Final
+
+from . import events as ev
+
+FORMAT: Final = b"1"
+
+SEQ = struct.Struct(">Q")
+HEADER = struct.Struct(">32sQBQQ")
+"""Envelope: previous hash, time (ns), kind, session number, session's previous seq."""
+STATE = struct.Struct(">Q32sQ32sB")
+"""Session state: live length, head node, last seq, hash of that last event, closed flag.
+
+The hash anchors the newest event of the log, which no later event names yet."""
+LINK = struct.Struct(">32s32sQI")
+"""Chain entry: node digest, content digest, seq and index of the stored body."""
+LOCATION = struct.Struct(">32x32sQI")
+"""The content digest and body location of a chain entry."""
+
+
+@dataclass(slots=True)
+class SessionState:
+    """A session's row of the ``index``: read at the start of a write, saved at its end."""
+
+    number: int
+    length: int
+    head: bytes
+    last_seq: int
+    last_hash: bytes = bytes(32)
+    closed: bool = False
+    new: bool = False
+    """Created by the open transaction (its id is not registered yet)."""
+
+    def pack(self) -> bytes:
+        return STATE.pack(self.length, self.head, self.last_seq, self.last_hash, self.closed)
+
+    @classmethod
+    def unpack(cls, number: int, raw: bytes | memoryview) -> SessionState:
+        length, head, last_seq, last_hash, closed = STATE.unpack(raw)
+        return cls(number, length, head, last_seq, last_hash, bool(closed))
+
+
+def chain_key(number: int, position: int) -> bytes:
+    """The live chain entry of session ``number`` at ``position``."""
+    return SEQ.pack(number) + b"c" + SEQ.pack(position)
+
+
+def note_key(number: int, position: int) -> bytes:
+    """The display override of session ``number`` at ``position``."""
+    return SEQ.pack(number) + b"n" + SEQ.pack(position)
+
+
+def state_key(number: int) -> bytes:
+    """The state of session ``number`` (it sorts right after the chain's last entry)."""
+    return SEQ.pack(number) + b"h"
+
+
+def event_hash(seq: int, raw: bytes | memoryview) -> bytes:
+    """SHA-256(seq key || envelope || payload): the link the next event stores."""
+    digest = sha256(SEQ.pack(seq))
+    digest.update(raw)
+    return digest.digest()
+
+
+@dataclass(frozen=True, slots=True)
+class Record:
+    """An event as stored: its ``seq``, time, hash chain links and decoded payload."""
+
+    seq: int
+    time_ns: int
+    kind: int
+    prev_hash: bytes
+    hash: bytes
+    event: ev.AnyEvent
+
+    @property
+    def session(self) -> str:
+        return self.event.session
