@@ -17,7 +17,14 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:  # pytest run from elsewhere than the repository root
     sys.path.insert(0, str(ROOT))
 
-from benchmarks import bench_bulk, bench_commit, bench_concurrency, bench_flush, bench_reflush  # noqa: E402
+from benchmarks import (  # noqa: E402
+    bench_bulk,
+    bench_commit,
+    bench_concurrency,
+    bench_flush,
+    bench_memory,
+    bench_reflush,
+)
 from benchmarks import run as runner  # noqa: E402
 from benchmarks.harness import summary  # noqa: E402
 from benchmarks.workload import MESSAGES_PER_TURN, Workload  # noqa: E402
@@ -127,13 +134,23 @@ def test_concurrency_scenario(tmp_path: Path) -> None:
     print(bench_concurrency.render(result))
 
 
+def test_memory_scenario(tmp_path: Path) -> None:
+    result = bench_memory.run(scratch_dir=tmp_path, messages=200)
+    sizes = {row["system"]: row["bytes_per_message"] for row in result["rows"]}
+    assert "flush cache, trust mode" in sizes and "flush cache, default, pure-Python check" in sizes
+    # A default-mode cache also remembers what each message was: it holds more than trust mode's.
+    assert all(size > sizes["flush cache, trust mode"] for name, size in sizes.items() if "trust" not in name)
+    print(bench_memory.render(result))
+
+
 def test_runner_writes_report_json_and_plots(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    flush, reflush, commit, bulk, concurrency = (
+    flush, reflush, commit, bulk, concurrency, memory = (
         bench_flush.run,
         bench_reflush.run,
         bench_commit.run,
         bench_bulk.run,
         bench_concurrency.run,
+        bench_memory.run,
     )
     tiny = {
         "flush": lambda **kw: flush(messages=20, **kw),
@@ -141,6 +158,7 @@ def test_runner_writes_report_json_and_plots(tmp_path: Path, monkeypatch: pytest
         "commit": lambda **kw: commit(messages=10, modes=("none",), **kw),
         "bulk": lambda **kw: bulk(messages=100, repeats=1, **kw),
         "concurrency": lambda **kw: concurrency(turns=1, threads=(1,), processes=(), **kw),
+        "memory": lambda **kw: memory(messages=30, **kw),
     }
     for name, module in runner.SCENARIOS.items():
         monkeypatch.setattr(module, "run", tiny[name])
