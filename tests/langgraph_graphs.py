@@ -35,10 +35,16 @@ def scripted(turns: int, *, tools_every: int = 2) -> list[BaseMessage]:
 
 
 def agent_graph(responses: Sequence[BaseMessage], checkpointer: Any, **compile_options: Any) -> Any:
-    """START -> agent -> (tools -> agent)* -> END, the agent answering from ``responses`` in order."""
-    model = FakeMessagesListChatModel(responses=list(responses))
+    """START -> agent -> (tools -> agent)* -> END, the agent answering from ``responses`` in order.
+
+    The reply is chosen by how many model replies the conversation already holds, so a step
+    that runs again (after a crash, or from an older checkpoint) gets the reply it had.
+    """
+    replies = list(responses)
 
     def agent(state: MessagesState) -> dict[str, Any]:
+        done = sum(isinstance(m, AIMessage) for m in state["messages"])
+        model = FakeMessagesListChatModel(responses=[replies[done]])
         return {"messages": [model.invoke(state["messages"])]}
 
     graph = StateGraph(MessagesState)

@@ -9,6 +9,7 @@ import pytest
 
 pytest.importorskip("langgraph", reason="needs agent-eventlog[langgraph]")
 
+from crashkit import run_python
 from langchain_core.messages import AIMessage, HumanMessage, RemoveMessage
 from langgraph.checkpoint.memory import InMemorySaver
 from langgraph.graph import START, MessagesState, StateGraph
@@ -189,3 +190,53 @@ def test_delete_thread_tombstones_and_keeps_history(tmp_path: Path) -> None:
         graph = agent_graph(scripted(1, tools_every=0), saver)
         run_turns(graph, "t", 1)
         assert graph.get_state(config("t")).values["messages"][0].content == "question 0"
+
+
+KILLED_BETWEEN_PUT_AND_PUT_WRITES = """
+import os, signal, sys, time
+sys.path.insert(0, sys.argv[3])
+from langchain_core.messages import HumanMessage
+from eventlog import EventLog
+from eventlog.integrations.langgraph import EventLogSaver
+from langgraph_graphs import agent_graph, scripted
+
+kill_at = int(sys.argv[2])
+
+class Dying(EventLogSaver):
+    calls = 0
+
+    def put_writes(self, config, writes, task_id, task_path=""):
+        Dying.calls += 1
+        if Dying.calls == kill_at:
+            # LangGraph saves a checkpoint and its tasks' writes on worker threads: wait until the
+            # checkpoint these writes belong to is stored, then die before they are.
+            while self.get_tuple(config) is None:
+                time.sleep(0.001)
+            os.kill(os.getpid(), signal.SIGKILL)
+        return super().put_writes(config, writes, task_id, task_path)
+
+with EventLog.open(sys.argv[1]) as log:
+    graph = agent_graph(scripted(2), Dying(log))
+    config = {"configurable": {"thread_id": "t"}}
+    graph.invoke({"messages": [HumanMessage(content="question 0", id="user-0")]}, config, durability="sync")
+"""
+
+
+@pytest.mark.parametrize("kill_at", [1, 3])
+def test_a_process_killed_between_put_and_put_writes_resumes(tmp_path: Path, kill_at: int) -> None:
+    path = str(tmp_path / "log")
+    done = run_python(KILLED_BETWEEN_PUT_AND_PUT_WRITES, path, str(kill_at), str(Path(__file__).parent))
+    assert done.returncode == -9, done.stderr
+    with EventLog.open(path) as log:
+        saver = EventLogSaver(log)
+        graph = agent_graph(scripted(2), saver)
+        stopped = graph.get_state(config("t"))
+        assert stopped.next  # the run stopped half way
+        assert len(list(graph.get_state_history(config("t")))) >= kill_at  # a checkpoint per step begun, at least
+        out = graph.invoke(None, config("t"), durability="sync")  # resume
+        expected = agent_graph(scripted(2), InMemorySaver())
+        want = expected.invoke({"messages": [HumanMessage(content="question 0", id="user-0")]}, config("t"))
+        assert without_ids(out["messages"]) == without_ids(want["messages"])
+        assert [row.get("content") for row in log.messages("t")] == [m.content for m in out["messages"]]
+        assert graph.get_state(config("t")).next == ()
+        assert log.verify().ok

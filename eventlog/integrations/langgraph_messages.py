@@ -131,11 +131,19 @@ class MessageCodec:
                 raise ValueError(f"a transcript row holds a {type(message).__name__}, not a message")
             return message
         if row.get("type") == "chat":
-            return ChatMessage.model_construct(**row)
-        cls = CLASSES.get(row.get("role"))  # type: ignore[arg-type]
-        if cls is None:
-            raise ValueError(f"a transcript row has role {row.get('role')!r}, which no LangChain message class has")
-        return cls.model_construct(**{key: value for key, value in row.items() if key != "role"})
+            cls: type[BaseMessage] = ChatMessage
+            fields = dict(row)
+        else:
+            found = CLASSES.get(row.get("role"))  # type: ignore[arg-type]
+            if found is None:
+                raise ValueError(f"a transcript row has role {row.get('role')!r}, which no LangChain message class has")
+            cls = found
+            fields = {key: value for key, value in row.items() if key != "role"}
+        # Every field given: pydantic resolving a default factory inspects its signature each time.
+        for key, default in _DEFAULTS[cls].items():
+            if key not in fields:
+                fields[key] = default.copy() if type(default) in (dict, list) else default
+        return cls.model_construct(**fields)
 
 
 def _row(message: BaseMessage, compact: bool) -> dict[str, Any] | None:
