@@ -23,6 +23,7 @@ from benchmarks import (  # noqa: E402
     bench_concurrency,
     bench_flush,
     bench_memory,
+    bench_projection,
     bench_reflush,
 )
 from benchmarks import run as runner  # noqa: E402
@@ -143,14 +144,25 @@ def test_memory_scenario(tmp_path: Path) -> None:
     print(bench_memory.render(result))
 
 
+def test_projection_scenario(tmp_path: Path) -> None:
+    result = bench_projection.run(scratch_dir=tmp_path, messages=60)
+    _check_rows(result["rows"])
+    names = [row["system"] for row in result["rows"]]
+    assert names[0] == bench_projection.ALONE and result["rows"][0]["x_alone"] == 1
+    if not result["skipped"]:
+        assert names[1:] == [bench_projection.GATHERED, bench_projection.PER_WRITE]
+    print(bench_projection.render(result))
+
+
 def test_runner_writes_report_json_and_plots(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    flush, reflush, commit, bulk, concurrency, memory = (
+    flush, reflush, commit, bulk, concurrency, memory, projection = (
         bench_flush.run,
         bench_reflush.run,
         bench_commit.run,
         bench_bulk.run,
         bench_concurrency.run,
         bench_memory.run,
+        bench_projection.run,
     )
     tiny = {
         "flush": lambda **kw: flush(messages=20, **kw),
@@ -159,6 +171,7 @@ def test_runner_writes_report_json_and_plots(tmp_path: Path, monkeypatch: pytest
         "bulk": lambda **kw: bulk(messages=100, repeats=1, **kw),
         "concurrency": lambda **kw: concurrency(turns=1, threads=(1,), processes=(), **kw),
         "memory": lambda **kw: memory(messages=30, **kw),
+        "projection": lambda **kw: projection(messages=40, **kw),
     }
     for name, module in runner.SCENARIOS.items():
         monkeypatch.setattr(module, "run", tiny[name])
