@@ -258,7 +258,13 @@ class EventLogSaver(BaseCheckpointSaver[int]):
     # -- values ------------------------------------------------------------------
 
     def _ref(self, value: Any, blobs: dict[str, dict[str, Any]]) -> dict[str, Any]:
-        """Where a serialized value is kept: inline when small, else by digest in the blobs session."""
+        """How a value is kept: messages as transcript rows, other values serialized, inline when
+        small, else by digest in the blobs session."""
+        to_row = self._codec.to_row
+        if is_message_list(value):  # a node's new messages, a graph's input: rows, not an opaque blob
+            return {"rows": [to_row(m) for m in value]}
+        if type(value) is dict and value and all(type(k) is str and is_message_list(v) for k, v in value.items()):
+            return {"rows_by_key": {key: [to_row(m) for m in item] for key, item in value.items()}}
         kind, data = self.serde.dumps_typed(value)
         if len(data) <= INLINE_BYTES:
             return {"type": kind, "data": _b64(data)}
@@ -269,6 +275,11 @@ class EventLogSaver(BaseCheckpointSaver[int]):
     def _load(self, thread_id: str, thread: _Thread, ref: dict[str, Any]) -> Any:
         if "session" in ref:
             return self._read_transcript(ref)
+        from_row = self._codec.from_row
+        if "rows" in ref:
+            return [from_row(row) for row in ref["rows"]]
+        if "rows_by_key" in ref:
+            return {key: [from_row(row) for row in rows] for key, rows in ref["rows_by_key"].items()}
         if "blob" in ref:
             found = self._blobs(thread_id, thread).get(ref["blob"])
             if found is None:
