@@ -220,13 +220,14 @@ def systems(stack: ExitStack) -> tuple[list[System], str]:
     if ok:
         import psycopg
         from langgraph.checkpoint.postgres import PostgresSaver
+        from psycopg.rows import dict_row
 
         postgres_cls = timed(PostgresSaver)
         counter = iter(range(1_000_000))
 
         def postgres(path: Path) -> Any:
             schema_dsn = detail
-            conn = psycopg.connect(schema_dsn, autocommit=True, prepare_threshold=0)
+            conn = psycopg.connect(schema_dsn, autocommit=True, prepare_threshold=0, row_factory=dict_row)
             stack.callback(conn.close)
             name = f"bench_{os.getpid()}_{next(counter)}"
             conn.execute(f"CREATE SCHEMA {name}")
@@ -242,10 +243,10 @@ def systems(stack: ExitStack) -> tuple[list[System], str]:
                 "JOIN pg_namespace n ON n.oid = c.relnamespace WHERE n.nspname = %s AND c.relkind = 'r'",
                 (saver.bench_schema,),
             ).fetchone()
-            return int(row[0])
+            return int(next(iter(row.values())))
 
         found.append(
-            System("langgraph PostgresSaver", "PostgreSQL (server defaults: fsync on)", postgres, postgres_bytes)
+            System("langgraph PostgresSaver", "PostgreSQL (as the server is configured)", postgres, postgres_bytes)
         )
         return found, "measured"
     return found, f"not measured: {detail}"

@@ -182,6 +182,7 @@ class EventLogSaver(BaseCheckpointSaver[int]):
         self._lock = threading.RLock()
         self._threads: dict[str, _Thread] = {}
         self._transcripts: dict[str, _Transcript] = {}
+        self._histories: dict[str, tuple[str | None, builtins.list[Any]]] = {}
 
     @classmethod
     @contextmanager
@@ -364,11 +365,32 @@ class EventLogSaver(BaseCheckpointSaver[int]):
                     objects = [from_row(row) for row in rows]
                     self._keep(sid, _Transcript(objects, rows, [snapshot(m) for m in objects], head))
                     return list(objects)
-        for occurrence in self.log.history(sid):
-            if occurrence.position == length - 1 and occurrence.node == head:
-                rows = self.log.messages(sid, as_of=occurrence.seq)[:length]
-                return [from_row(row) for row in rows]
-        raise KeyError(f"transcript {sid!r} never had {length} messages ending in node {head}")
+        history = self._history(sid)
+        end = next((o for o in history if o.position == length - 1 and o.node == head), None)
+        if end is None:
+            raise KeyError(f"transcript {sid!r} never had {length} messages ending in node {head}")
+        # The list as it was right after the event that made ``head`` live: at each position the
+        # occurrence live then (made live by then, not yet tombstoned).
+        at = end.seq
+        rows_at: dict[int, dict[str, Any]] = {}
+        for o in history:
+            if o.position < length and o.seq <= at and (o.tombstone is None or o.tombstone.seq > at):
+                rows_at[o.position] = o.message
+        if len(rows_at) != length:  # not expected; replay is the authority
+            return [from_row(row) for row in self.log.messages(sid, as_of=at)[:length]]
+        return [from_row(rows_at[position]) for position in range(length)]
+
+    def _history(self, sid: str) -> builtins.list[Any]:
+        """The transcript's full history, kept while its head stays (``list`` reads many old checkpoints)."""
+        head = self.log.head(sid)
+        with self._lock:
+            kept = self._histories.get(sid)
+            if kept is not None and kept[0] == head:
+                return kept[1]
+        history = self.log.history(sid)
+        with self._lock:
+            self._histories = {sid: (head, history)}  # one transcript's history at a time
+        return history
 
     # -- BaseCheckpointSaver -----------------------------------------------------
 
