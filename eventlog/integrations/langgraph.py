@@ -54,7 +54,7 @@ from langgraph.checkpoint.base import (  # noqa: E402
 )
 from langgraph.checkpoint.serde.base import SerializerProtocol  # noqa: E402
 
-from .langgraph_messages import MessageCodec, is_message_list, is_plain, snapshot, unchanged  # noqa: E402
+from .langgraph_messages import SERDE_KEY, MessageCodec, is_message_list, is_plain, snapshot, unchanged  # noqa: E402
 
 __all__ = ["INLINE_BYTES", "SEP", "EventLogSaver"]
 
@@ -293,15 +293,15 @@ class EventLogSaver(BaseCheckpointSaver[int]):
         return self.serde.loads_typed((kind, base64.b64decode(data)))
 
     def _plain_or_serde(self, value: Any) -> Any:
-        return value if is_plain(value) else {"serde": list(self._ref_inline(value))}
+        return value if is_plain(value) else {SERDE_KEY: list(self._ref_inline(value))}
 
     def _ref_inline(self, value: Any) -> tuple[str, str]:
         kind, data = self.serde.dumps_typed(value)
         return kind, _b64(data)
 
     def _unplain(self, value: Any) -> Any:
-        if type(value) is dict and set(value) == {"serde"}:
-            kind, data = value["serde"]
+        if type(value) is dict and set(value) == {SERDE_KEY}:
+            kind, data = value[SERDE_KEY]
             return self.serde.loads_typed((kind, base64.b64decode(data)))
         return value
 
@@ -436,7 +436,7 @@ class EventLogSaver(BaseCheckpointSaver[int]):
                 "ns": ns,
                 "id": checkpoint["id"],
                 "parent": parent_id,
-                "checkpoint": rest if is_plain(rest) else {"serde": list(self._ref_inline(rest))},
+                "checkpoint": rest if is_plain(rest) else {SERDE_KEY: list(self._ref_inline(rest))},
                 "metadata": self._plain_or_serde(get_checkpoint_metadata(config, metadata)),
                 "values": refs,
             }
