@@ -42,7 +42,6 @@ from __future__ import annotations
 import json
 import os
 import re
-import tempfile
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from hashlib import sha256
@@ -60,6 +59,7 @@ from .errors import (
     StorageFullError,
     UnknownSessionError,
 )
+from .files import write_atomic
 from .log import SUMMARY_KEY, EventLog, FlushResult, check_session_id
 from .snapshot import is_ephemeral
 
@@ -187,27 +187,15 @@ class SpillingWriter:
 
 
 def write_spill(spill_dir: str | os.PathLike[str], session_id: str, lines: list[dict[str, Any]]) -> Path:
-    """Atomically replace ``session_id``'s spill file with ``lines`` (written, fsynced, renamed)."""
+    """Atomically replace ``session_id``'s spill file with ``lines`` (see :func:`~eventlog.files.write_atomic`)."""
     directory = Path(spill_dir)
     directory.mkdir(parents=True, exist_ok=True)
     target = directory / spill_name(session_id)
-    fd, tmp = tempfile.mkstemp(prefix=".spill-", suffix=".tmp", dir=directory)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            for line in lines:
-                f.write(json.dumps(line, ensure_ascii=False, allow_nan=False, separators=(",", ":")))
-                f.write("\n")
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, target)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-    dir_fd = os.open(directory, os.O_RDONLY)
-    try:
-        os.fsync(dir_fd)
-    finally:
-        os.close(dir_fd)
+    chunks = (
+        (json.dumps(line, ensure_ascii=False, allow_nan=False, separators=(",", ":")) + "\n").encode("utf-8")
+        for line in lines
+    )
+    write_atomic(target, chunks, mode=0o600)  # a transcript: readable by its owner only
     return target
 
 
