@@ -200,6 +200,7 @@ class EventLog:
         projections: Sequence[Projection] = (),
         project_in_background: bool = True,
         readonly: bool = False,
+        allow_shared_directory: bool = False,
     ) -> EventLog:
         """Open (creating when needed) the log in directory ``path``.
 
@@ -226,11 +227,23 @@ class EventLog:
           it) or inside the write call.  Their own read methods wait for the thread; other
           readers call :meth:`sync_projections`.
         - ``readonly``: open without write access; every write raises.
+        - ``allow_shared_directory``: trust a directory that users other than this one can
+          write (or that another user owns); otherwise it is refused with
+          :class:`~eventlog.errors.UnsafeDirectoryError`, as is a symlink or another user's
+          file in place of the log's files, since whoever can write the directory could make
+          this process write through a planted link (docs/reliability.md).
 
         Raises :class:`CorruptLogError` for damaged files, :class:`ReadOnlyError` when the
         files cannot be written, ``FileNotFoundError`` for a ``readonly`` open of no log.
         """
-        store = Store(path, durability=durability, map_size=map_size, max_map_size=max_map_size, readonly=readonly)
+        store = Store(
+            path,
+            durability=durability,
+            map_size=map_size,
+            max_map_size=max_map_size,
+            readonly=readonly,
+            allow_shared_directory=allow_shared_directory,
+        )
         log = cls(
             store,
             ephemeral=ephemeral,
@@ -250,7 +263,14 @@ class EventLog:
     # -- lifecycle -------------------------------------------------------------
 
     def close(self) -> None:
-        """Bring the attached projections up to date, then close the log; it cannot be used afterwards."""
+        """Bring the attached projections up to date, then close the log; it cannot be used afterwards.
+
+        In a child process that inherited the log through ``fork()``, where every use of it
+        is refused, this only marks it closed: the log's files and locks stay the parent's.
+        """
+        if self._store.forked:
+            self._store.close()
+            return
         if self._projector is not None:
             self._projector.close()
         self._cache.clear()
@@ -672,9 +692,11 @@ class EventLog:
                     live = live[len(live) - last :] if last else []
                 out = reader.messages((bytes.fromhex(occurrences[i].digest), *occurrences[i].source) for i in live)
             elif last is not None:
+                reader.current(session_id, state)
                 start = max(0, state.length - last)
                 out = reader.messages(store.locations(txn, state.number, state.length, start))
             else:
+                reader.current(session_id, state)
                 with paused_gc(state.length):
                     found = reader.appended(state)
                     out = (
