@@ -7,7 +7,7 @@ import importlib
 
 import pytest
 
-MODULES = ["eventlog", "eventlog.spill", "eventlog.codec", "eventlog.log", "eventlog.replay"]
+MODULES = ["eventlog", "eventlog.spill", "eventlog.codec", "eventlog.log", "eventlog.replay", "eventlog.aio"]
 
 
 @pytest.mark.parametrize("name", MODULES)
