@@ -1,218 +1,216 @@
-"""Each framework adapter's per-turn cost against the framework's own default store, in one run.
+"""A framework turn with the log as its store, against the framework's own default store.
 
-What it measures: one session grows by one agent turn (10 messages: a user message, four
-tool calls with their results, the answer) at a time, and after each turn every store
-persists it the way the framework's loop does (ours in the log's ``full`` durability, two
-fsyncs per commit, and ``process``, one, the same count as the SQLite stores' WAL commits):
+What it measures, in one run, for each system, a conversation of ``turns`` turns:
 
-- OpenAI Agents SDK: the ``Runner``'s store calls for a turn, ``get_items()`` (the whole
-  history, read before the model call) then ``add_items(turn)``, awaited on one event loop,
-  through our ``EventLogSession`` (on an ``EventLog`` in full durability) and through the
-  SDK's own ``SQLiteSession`` (a file database, the SDK's settings: WAL, synchronous FULL,
-  one transaction per ``add_items``).
-- hermes-agent: the plugin's flush of the whole conversation (``HermesRecorder``, the log in
-  full durability and in process durability) against hermes' own ``SessionDB`` written per turn the way the agent does
-  (``benchmarks/systems.py``: one transaction per turn, FTS5 triggers).
+- **pydantic-ai**: one turn is ``store.load`` + ``agent.run`` (pydantic-ai's ``TestModel``,
+  offline, one tool) + ``store.save``.  Systems: ``InMemoryConversationStore`` (the only
+  store pydantic-ai ships) and ``EventLogConversationStore`` on a log in each durability
+  mode.
+- **Google ADK**: one turn is ``Runner.run_async`` with a scripted model (one user event
+  and one model event appended, the session read once).  Systems: ADK's
+  ``DatabaseSessionService`` on a SQLite file (``sqlite+aiosqlite``, SQLite's defaults:
+  rollback journal, ``synchronous=FULL``), ADK's ``InMemorySessionService``, and
+  ``EventLogSessionService`` on a log in each durability mode.
 
-The stores run in lockstep, in a shuffled order each turn, each in its own directory of one
-scratch folder, so noise from a shared machine hits all of them alike.  Reported per store:
-median, p90, p99 latency of a turn and the ratio of the framework's default store's median to
-the adapter's (``x faster``: above 1, the adapter is faster).
+Reported per system: the median and p90 of the whole turn, the median of the store's own
+share of it (the time inside the store's calls), and ``ratio``: the turn's median over the
+reference store's (``DatabaseSessionService`` for ADK, ``InMemoryConversationStore`` for
+pydantic-ai, which never writes a disk).  Systems run turn by turn in a shuffled order, so
+machine noise spreads over all of them.
 
-Run it (from the repository root)::
+Run it::
 
-    python -m benchmarks.bench_integrations            # 200 turns (2,000 messages)
-    python -m benchmarks.bench_integrations --quick    # 30 turns
-    python -m benchmarks.bench_integrations --json out.json
+    python -m benchmarks.bench_integrations            # 60 turns per conversation
+    python -m benchmarks.bench_integrations --quick    # 6
+    python -m benchmarks.bench_integrations --json benchmarks/results/integrations.json
 """
 
 from __future__ import annotations
 
 import asyncio
 import random
-from collections.abc import Callable
+import time
+from collections.abc import AsyncGenerator, Callable
 from pathlib import Path
 from typing import Any
 
-from benchmarks import systems as sy
-from benchmarks.harness import LATENCY_COLUMNS, now_ns, quiet_gc, run_main, scratch, summary, table
-from benchmarks.workload import MESSAGES_PER_TURN, Workload
-from eventlog import EventLog
+from benchmarks.harness import run_main, scratch, summary, table
 
-SESSION = "bench"
-
-DURABILITY = {
-    "full": "LMDB full: data and meta page synced per commit (two fsyncs)",
-    "process": "LMDB process: one fsync per commit",
-}
+PYDANTIC_REFERENCE = "pydantic-ai InMemoryConversationStore"
+ADK_REFERENCE = "adk DatabaseSessionService (SQLite)"
+MODES = ("full", "process")
 
 
-class Store:
-    """One store under test: ``turn(messages, new)`` persists a turn; ``close()`` ends it."""
+class _Clock:
+    """Time spent inside a store's calls."""
 
-    name = "?"
-    framework = "?"
-    durability = "?"
-    default = False  # the framework's own default store (the reference of its ratio)
+    def __init__(self) -> None:
+        self.ns = 0
 
-    def turn(self, messages: list[dict[str, Any]], new: list[dict[str, Any]]) -> None:
-        raise NotImplementedError
+    def wrap(self, target: Any, *names: str) -> None:
+        for name in names:
+            method = getattr(target, name)
 
-    def close(self) -> None:
-        pass
+            async def timed(*args: Any, _method: Callable[..., Any] = method, **kwargs: Any) -> Any:
+                start = time.perf_counter_ns()
+                try:
+                    return await _method(*args, **kwargs)
+                finally:
+                    self.ns += time.perf_counter_ns() - start
 
-
-class OpenAIStore(Store):
-    """The Runner's per-turn store calls on one of the SDK's sessions, awaited on one loop."""
-
-    framework = "OpenAI Agents SDK"
-
-    def __init__(
-        self, directory: Path, *, ours: bool, loop: asyncio.AbstractEventLoop, durability: str = "full"
-    ) -> None:
-        from agents import SQLiteSession
-
-        from eventlog.integrations.openai_agents import EventLogSession
-
-        self.loop = loop
-        self.default = not ours
-        if ours:
-            self.log: EventLog | None = EventLog.open(directory / "log", durability=durability)
-            self.session: Any = EventLogSession(SESSION, self.log)
-            self.name = f"EventLogSession [{durability}]"
-            self.durability = DURABILITY[durability]
-        else:
-            self.log = None
-            self.session = SQLiteSession(SESSION, directory / "sdk.db")
-            self.name = "SQLiteSession (the SDK's default store)"
-            self.durability = sy.sqlite_synchronous(self.session._get_connection())
-
-    def turn(self, messages: list[dict[str, Any]], new: list[dict[str, Any]]) -> None:
-        self.loop.run_until_complete(self._turn(new))
-
-    async def _turn(self, new: list[dict[str, Any]]) -> None:
-        await self.session.get_items()
-        await self.session.add_items(new)
-
-    def close(self) -> None:
-        if self.log is not None:
-            self.loop.run_until_complete(self.session.log.close())
-            self.log.close()
-        else:
-            self.session.close()
+            object.__setattr__(target, name, timed)
 
 
-class HermesPluginStore(Store):
-    """The hermes plugin's work for a completed turn: one flush of the whole conversation."""
+def _pydantic_systems(root: Path, opened: list[Any]) -> dict[str, Any]:
+    from pydantic_ai.conversation_store import InMemoryConversationStore
 
-    framework = "hermes-agent"
+    from eventlog import EventLog
+    from eventlog.integrations.pydantic_ai import EventLogConversationStore
 
-    def __init__(self, directory: Path, durability: str = "full") -> None:
-        from eventlog.integrations.hermes import HermesRecorder
-
-        self.recorder = HermesRecorder(directory / "log", durability=durability)
-        self.name = f"eventlog hermes plugin [{durability}]"
-        self.durability = DURABILITY[durability]
-
-    def turn(self, messages: list[dict[str, Any]], new: list[dict[str, Any]]) -> None:
-        self.recorder.flush(SESSION, messages, model="bench", platform="cli")
-
-    def close(self) -> None:
-        self.recorder.close()
+    systems: dict[str, Any] = {PYDANTIC_REFERENCE: InMemoryConversationStore()}
+    for mode in MODES:
+        log = EventLog.open(root / f"pydantic-ai-{mode}", durability=mode)
+        opened.append(log)
+        systems[f"pydantic-ai EventLogConversationStore ({mode})"] = EventLogConversationStore(log)
+    return systems
 
 
-class HermesSessionDBStore(Store):
-    """hermes' own SessionDB, written per turn the way the agent's flush does."""
+def _adk_systems(root: Path, opened: list[Any]) -> dict[str, Any]:
+    from google.adk.sessions import DatabaseSessionService, InMemorySessionService
 
-    framework = "hermes-agent"
-    default = True
+    from eventlog import EventLog
+    from eventlog.integrations.adk import EventLogSessionService
 
-    def __init__(self, directory: Path) -> None:
-        self.system = sy.HermesSystem(batch=True)
-        self.system.open(directory)
-        self.name = "hermes SessionDB (hermes' own store)"
-        self.durability = self.system.durability
-
-    def turn(self, messages: list[dict[str, Any]], new: list[dict[str, Any]]) -> None:
-        self.system.turn(SESSION, messages, new)
-
-    def prepare(self, messages: list[dict[str, Any]], new: list[dict[str, Any]]) -> None:
-        self.system.prepare(SESSION, messages, new)
-
-    def close(self) -> None:
-        self.system.close()
+    systems: dict[str, Any] = {
+        ADK_REFERENCE: DatabaseSessionService(f"sqlite+aiosqlite:///{root / 'adk.db'}"),
+        "adk InMemorySessionService": InMemorySessionService(),
+    }
+    for mode in MODES:
+        log = EventLog.open(root / f"adk-{mode}", durability=mode)
+        opened.append(log)
+        systems[f"adk EventLogSessionService ({mode})"] = EventLogSessionService(log)
+    return systems
 
 
-def stores(root: Path, loop: asyncio.AbstractEventLoop) -> list[Store]:
-    makers: list[tuple[str, Callable[[Path], Store]]] = [
-        ("openai-ours-full", lambda d: OpenAIStore(d, ours=True, loop=loop)),
-        ("openai-ours-process", lambda d: OpenAIStore(d, ours=True, loop=loop, durability="process")),
-        ("openai-sqlite", lambda d: OpenAIStore(d, ours=False, loop=loop)),
-        ("hermes-ours-full", HermesPluginStore),
-        ("hermes-ours-process", lambda d: HermesPluginStore(d, "process")),
-        ("hermes-sessiondb", HermesSessionDBStore),
-    ]
-    out = []
-    for name, make in makers:
-        directory = root / name
-        directory.mkdir()
-        try:
-            out.append(make(directory))
-        except ImportError as e:  # a framework that is not installed is left out, with the reason
-            print(f"skipped {name}: {e}")
-    return out
+async def _run(turns: int, root: Path) -> list[dict[str, Any]]:
+    from google.adk.agents import LlmAgent
+    from google.adk.apps import App
+    from google.adk.models.base_llm import BaseLlm
+    from google.adk.models.llm_request import LlmRequest
+    from google.adk.models.llm_response import LlmResponse
+    from google.adk.runners import Runner
+    from google.genai import types
+    from pydantic_ai import Agent
+    from pydantic_ai.conversation import Conversation
+    from pydantic_ai.models.test import TestModel
+    from pydantic_ai.usage import UsageLimits
 
+    class Scripted(BaseLlm):
+        model: str = "scripted"
 
-def run(quick: bool = False, scratch_dir: Path | None = None, *, turns: int | None = None) -> dict[str, Any]:
-    turns = turns or (30 if quick else 200)
-    order = random.Random(19)
-    loop = asyncio.new_event_loop()
+        async def generate_content_async(
+            self, llm_request: LlmRequest, stream: bool = False
+        ) -> AsyncGenerator[LlmResponse, None]:
+            yield LlmResponse(content=types.Content(role="model", parts=[types.Part(text="An answer " * 20)]))
+
+    agent: Agent[None, str] = Agent(TestModel())
+
+    @agent.tool_plain
+    def lookup(query: str) -> str:
+        """Look something up."""
+        return "found " * 30
+
+    unlimited = UsageLimits(request_limit=None)
+    opened: list[Any] = []
     samples: dict[str, list[int]] = {}
+    shares: dict[str, list[int]] = {}
     try:
-        with scratch(scratch_dir, "integrations-") as root:
-            active = stores(root, loop)
-            try:
-                with quiet_gc():
-                    for messages, new in Workload(salt="integrations").session(turns * MESSAGES_PER_TURN):
-                        for store in order.sample(active, len(active)):
-                            if isinstance(store, HermesSessionDBStore):
-                                store.prepare(messages, new)  # the agent's own copy: not the store's cost
-                            start = now_ns()
-                            store.turn(messages, new)
-                            samples.setdefault(store.name, []).append(now_ns() - start)
-            finally:
-                for store in active:
-                    store.close()
+        pydantic_stores = _pydantic_systems(root, opened)
+        adk_services = _adk_systems(root, opened)
+        clocks: dict[str, _Clock] = {}
+        for name, store in pydantic_stores.items():
+            clocks[name] = _Clock()
+            clocks[name].wrap(store, "load", "save")
+        runners: dict[str, Any] = {}
+        for name, service in adk_services.items():
+            clocks[name] = _Clock()
+            clocks[name].wrap(service, "get_session", "append_event", "create_session")
+            await service.create_session(app_name="bench", user_id="u", session_id="s")
+            agent_adk = LlmAgent(name="helper", model=Scripted())
+            runners[name] = Runner(app=App(name="bench", root_agent=agent_adk), session_service=service)
+        names = [*pydantic_stores, *adk_services]
+        order = random.Random(17)
+        for turn in range(turns):
+            order.shuffle(names)
+            for name in names:
+                clock = clocks[name]
+                clock.ns = 0
+                prompt = f"Question number {turn}: " + "words " * 40
+                start = time.perf_counter_ns()
+                if name in pydantic_stores:
+                    store = pydantic_stores[name]
+                    conversation = await store.load("c") or Conversation(conversation_id="c")
+                    # A long conversation adds up more model requests than the default limit allows.
+                    result = await agent.run(prompt, conversation=conversation, usage_limits=unlimited)
+                    await store.save(result)
+                else:
+                    message = types.Content(role="user", parts=[types.Part(text=prompt)])
+                    async for _ in runners[name].run_async(user_id="u", session_id="s", new_message=message):
+                        pass
+                samples.setdefault(name, []).append(time.perf_counter_ns() - start)
+                shares.setdefault(name, []).append(clock.ns)
     finally:
-        loop.close()
-    rows: list[dict[str, Any]] = []
-    for store in active:
-        row = {
-            "framework": store.framework,
-            "system": store.name,
-            "durability": store.durability,
-            "default": store.default,
-        }
-        row.update(summary(samples[store.name], MESSAGES_PER_TURN))
-        rows.append(row)
-    for row in rows:
-        reference = next((r for r in rows if r["framework"] == row["framework"] and r["default"]), None)
-        row["x_faster"] = reference["median_ms"] / row["median_ms"] if reference and row["median_ms"] else None
-        row["ratio_to"] = reference["system"] if reference else None
-    return {"scenario": "adapters against the frameworks' default stores", "turns": turns, "rows": rows}
+        for service in locals().get("adk_services", {}).values():
+            close = getattr(service, "close", None)
+            if close is not None:
+                await close()
+        for log in opened:
+            log.close()
+    rows = []
+    for name in [*samples]:
+        turn_summary = summary(samples[name])
+        share = summary(shares[name])
+        rows.append(
+            {
+                "framework": name.split()[0],
+                "system": name,
+                "turns": turns,
+                "median_ms": turn_summary["median_ms"],
+                "p90_ms": turn_summary["p90_ms"],
+                "store_median_ms": share["median_ms"],
+            }
+        )
+    for framework, reference in (("pydantic-ai", PYDANTIC_REFERENCE), ("adk", ADK_REFERENCE)):
+        ref = next(row for row in rows if row["system"] == reference)
+        for row in rows:
+            if row["framework"] == framework:
+                row["ratio"] = row["median_ms"] / ref["median_ms"]
+                row["store_ratio"] = row["store_median_ms"] / ref["store_median_ms"]
+    rows.sort(key=lambda row: (row["framework"], row["system"]))
+    return rows
 
 
-COLUMNS = [("framework", "framework"), *LATENCY_COLUMNS[:5], ("x_faster", "x faster than the default store")]
+def run(*, quick: bool = False, scratch_dir: Path | None = None, turns: int | None = None) -> dict[str, Any]:
+    count = turns or (6 if quick else 60)
+    with scratch(scratch_dir, "integrations-") as root:
+        rows = asyncio.run(_run(count, root))
+    return {"turns": count, "rows": rows}
+
+
+COLUMNS = [
+    ("system", "system"),
+    ("median_ms", "turn median ms"),
+    ("p90_ms", "turn p90 ms"),
+    ("ratio", "turn x reference"),
+    ("store_median_ms", "store share median ms"),
+    ("store_ratio", "store x reference"),
+]
 
 
 def render(result: dict[str, Any]) -> str:
-    return "\n".join(
-        [
-            f"Per-turn store cost, one session grown to {result['turns']} turns of 10 messages, the stores in "
-            "lockstep (x faster: the framework's default store's median turn / this store's)",
-            "",
-            table(result["rows"], COLUMNS),
-        ]
+    return (
+        f"A turn over a conversation of {result['turns']} turns; reference: {ADK_REFERENCE} for ADK, "
+        f"{PYDANTIC_REFERENCE} for pydantic-ai.\n\n" + table(result["rows"], COLUMNS)
     )
 
 

@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks import (
+    bench_adapters,
     bench_aio,
     bench_bulk,
     bench_commit,
@@ -51,6 +52,7 @@ SCENARIOS = {
     "memory": bench_memory,
     "projection": bench_projection,
     "aio": bench_aio,
+    "adapters": bench_adapters,
     "integrations": bench_integrations,
 }
 

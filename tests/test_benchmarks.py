@@ -18,6 +18,7 @@ if str(ROOT) not in sys.path:  # pytest run from elsewhere than the repository r
     sys.path.insert(0, str(ROOT))
 
 from benchmarks import (  # noqa: E402
+    bench_adapters,
     bench_aio,
     bench_bulk,
     bench_commit,
@@ -193,8 +194,8 @@ def test_aio_scenario(tmp_path: Path) -> None:
     print(bench_aio.render(result))
 
 
-def test_integrations_scenario(tmp_path: Path) -> None:
-    result = bench_integrations.run(scratch_dir=tmp_path, turns=3)
+def test_adapters_scenario(tmp_path: Path) -> None:
+    result = bench_adapters.run(scratch_dir=tmp_path, turns=3)
     rows = result["rows"]
     _check_rows(rows)
     frameworks = {row["framework"] for row in rows}
@@ -204,11 +205,11 @@ def test_integrations_scenario(tmp_path: Path) -> None:
         defaults = [row for row in mine if row["default"]]
         assert len(defaults) == 1 and defaults[0]["x_faster"] == 1 and len(mine) == 3
         assert all(row["ratio_to"] == defaults[0]["system"] for row in mine)
-    print(bench_integrations.render(result))
+    print(bench_adapters.render(result))
 
 
 def test_runner_writes_report_json_and_plots(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    flush, reflush, commit, bulk, concurrency, memory, projection, aio, integrations = (
+    flush, reflush, commit, bulk, concurrency, memory, projection, aio, adapters, integrations = (
         bench_flush.run,
         bench_reflush.run,
         bench_commit.run,
@@ -217,6 +218,7 @@ def test_runner_writes_report_json_and_plots(tmp_path: Path, monkeypatch: pytest
         bench_memory.run,
         bench_projection.run,
         bench_aio.run,
+        bench_adapters.run,
         bench_integrations.run,
     )
     tiny = {
@@ -228,6 +230,7 @@ def test_runner_writes_report_json_and_plots(tmp_path: Path, monkeypatch: pytest
         "memory": lambda **kw: memory(messages=30, **kw),
         "projection": lambda **kw: projection(messages=40, **kw),
         "aio": lambda **kw: aio(tasks=2, turns=1, samples=1, **kw),
+        "adapters": lambda **kw: adapters(turns=2, **kw),
         "integrations": lambda **kw: integrations(turns=2, **kw),
     }
     for name, module in runner.SCENARIOS.items():
@@ -411,3 +414,17 @@ def test_the_synced_floors_write_into_zeroed_space_as_the_product_does(tmp_path:
         assert (tmp_path / "bare" / "data.mdb").stat().st_size >= used + systems.Preallocation.MIN_STEP // 4
     finally:
         floor.close()
+
+
+def test_integrations_scenario(tmp_path: Path) -> None:
+    pytest.importorskip("pydantic_ai", reason="pydantic-ai is not installed (pip install -e '.[test]')")
+    pytest.importorskip("google.adk", reason="google-adk is not installed (pip install -e '.[test]')")
+    from benchmarks import bench_integrations
+
+    result = bench_integrations.run(scratch_dir=tmp_path, turns=2)
+    systems = {row["system"]: row for row in result["rows"]}
+    assert bench_integrations.ADK_REFERENCE in systems and bench_integrations.PYDANTIC_REFERENCE in systems
+    assert {"adk EventLogSessionService (full)", "pydantic-ai EventLogConversationStore (full)"} <= set(systems)
+    assert systems[bench_integrations.ADK_REFERENCE]["ratio"] == 1.0
+    assert all(row["median_ms"] > 0 and row["store_median_ms"] > 0 for row in result["rows"])
+    print(bench_integrations.render(result))
