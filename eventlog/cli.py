@@ -740,7 +740,7 @@ def salvage(damaged: str, new: str, as_json: bool) -> None:
 
     DAMAGED is only read, as plain bytes (it need not open). Each event copied is proven
     by the hash chain; the report names every seq and session that was lost. Exits 0
-    when nothing was lost, 1 when something was, 2 when nothing could be done.
+    when nothing was lost and the new log verifies, 1 otherwise.
     """
     from .salvage import salvage as salvage_log
 
