@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import shutil
 import stat
 import sys
 import time
@@ -26,12 +27,15 @@ from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
+from . import codec
 from . import events as ev
-from .errors import CorruptLogError, EventLogError, HistoryMismatchError, UnknownSessionError
+from .errors import ConflictError, CorruptLogError, EventLogError, UnknownSessionError
 from .interchange import FORMATS, export_lines, function_of, read_jsonl, text_of, tool_calls
-from .log import EventLog
+from .log import EMPTY_HEAD, EventLog
 from .replay import Occurrence
+from .snapshot import is_ephemeral
 from .store import Record
+from .terminal import visible
 from .verify import LogHead
 
 DEFAULT_LOG = "eventlog-data"
@@ -48,6 +52,8 @@ KIND_NAMES = {1: "opened", 2: "appended", 3: "tombstoned", 4: "closed", 5: "upda
 @dataclass(slots=True)
 class Settings:
     log_path: str
+    written: str = "nothing was written (this command only reads)"
+    """What an interrupt (Ctrl-C) leaves behind; a command that writes keeps it current."""
 
 
 def _settings() -> Settings:
@@ -64,6 +70,11 @@ class _Group(click.Group):
     def invoke(self, ctx: click.Context) -> Any:
         try:
             return super().invoke(ctx)
+        except KeyboardInterrupt:
+            settings = ctx.find_object(Settings)
+            written = settings.written if settings is not None else "nothing was written"
+            click.echo(f"\nAborted: {written}.", err=True)
+            sys.exit(130)
         except (click.ClickException, click.exceptions.Exit, click.Abort, BrokenPipeError):
             raise
         except UnknownSessionError as e:
@@ -141,6 +152,11 @@ def _require_session(log: EventLog, session_id: str) -> None:
         _fail(f"no session {session_id!r} in {log.path}{hint}")
 
 
+def _count(n: int, noun: str) -> str:
+    """``n`` and ``noun``, plural when ``n`` is not 1 ("1 session", "2 sessions")."""
+    return f"{n} {noun}" if n == 1 else f"{n} {noun}s"
+
+
 def _default_db(log_path: str) -> str:
     return os.path.normpath(log_path) + ".sqlite"
 
@@ -150,6 +166,7 @@ def _default_db(log_path: str) -> str:
 
 @click.group(
     cls=_Group,
+    invoke_without_command=True,
     context_settings={
         "help_option_names": ["-h", "--help"],
         "max_content_width": HELP_WIDTH,
@@ -174,6 +191,9 @@ def cli(ctx: click.Context, log_path: str) -> None:
     Commands that only read never create a log. Start with `eventlog demo`.
     """
     ctx.obj = Settings(log_path)
+    if ctx.invoked_subcommand is None:  # bare `eventlog`: the help, and success
+        click.echo(ctx.get_help())
+        ctx.exit(0)
 
 
 # -- demo ---------------------------------------------------------------------
@@ -346,22 +366,42 @@ def sessions(as_json: bool) -> None:
         if row.closed:
             notes.append("closed")
         table.add_row(
-            escape(row.session),
+            escape(visible(row.session)),
             str(row.live),
             str(sum(row.tombstoned.values())),
             str(row.events),
             _iso(row.last_ns) or "",
-            escape(str(row.fields.get("title", ""))),
-            escape(", ".join(notes)),
+            escape(visible(str(row.fields.get("title", "")))),
+            escape(visible(", ".join(notes))),
         )
     _stdout().print(table)
 
 
 def _clip(text: str, width: int | None) -> str:
-    text = " ".join(text.split()) if width is not None else text
-    if width is not None and len(text) > width:
+    """``text`` safe for a terminal: on one line of at most ``width`` characters, or (``None``)
+    whole, its line breaks shown as indented continuation lines."""
+    if width is None:
+        return visible(text, newline="\n    ")
+    text = visible(" ".join(text.split()))
+    if len(text) > width:
         return text[: width - 1] + "…"
     return text
+
+
+def _columns() -> int | None:
+    """The terminal's width when output goes to one (or ``COLUMNS`` says it), else None."""
+    if os.environ.get("COLUMNS", "").isdigit():
+        return max(20, int(os.environ["COLUMNS"]))
+    if sys.stdout.isatty():
+        return max(20, shutil.get_terminal_size().columns)
+    return None
+
+
+def _fit(line: str, columns: int | None) -> str:
+    """``line`` cut to ``columns`` characters (a one-line rendering on a terminal)."""
+    if columns is None or len(line) <= columns:
+        return line
+    return line[: columns - 1] + "…"
 
 
 def render_message(message: Mapping[str, Any], *, width: int | None = 160) -> str:
@@ -377,6 +417,7 @@ def render_message(message: Mapping[str, Any], *, width: int | None = 160) -> st
         label = f"tool {name}" if name else "tool"
         call = message.get("tool_call_id")
         role = f"{label} ({call})" if call else label
+    role = visible(role)
     if text:
         parts.append(_clip(text, width))
     for call in tool_calls(message):
@@ -385,7 +426,8 @@ def render_message(message: Mapping[str, Any], *, width: int | None = 160) -> st
         if not isinstance(arguments, str):
             arguments = json.dumps(arguments, ensure_ascii=False)
         call_id = call.get("id", "") if isinstance(call, Mapping) else ""
-        parts.append(f"→ {function.get('name', '?')}({_clip(arguments, 80 if width else None)}) [{call_id}]")
+        name = visible(str(function.get("name", "?")))
+        parts.append(f"→ {name}({_clip(arguments, 80 if width else None)}) [{visible(str(call_id))}]")
     body = "\n    ".join(parts) if width is None else "  ".join(parts)
     return f"{role}: {body}" if body else f"{role}:"
 
@@ -429,7 +471,8 @@ def show(session: str, as_of: int | None, repair: bool, full: bool, as_json: boo
     A marker line shows where messages left the transcript (edit, rewind, compaction,
     clear); `history` lists them.
     """
-    width = None if full else 160
+    columns = None if full else _columns()
+    width = None if full else min(160, columns or 160)
     with _open_log() as log:
         _require_session(log, session)
         if as_json or as_of is not None or repair:
@@ -438,7 +481,7 @@ def show(session: str, as_of: int | None, repair: bool, full: bool, as_json: boo
                 _print_json(messages)
                 return
             for position, message in enumerate(messages):
-                click.echo(f"[{position}] {render_message(message, width=width)}")
+                click.echo(_fit(f"[{position}] {render_message(message, width=width)}", columns))
             return
         history = log.history(session)
     markers = _markers(history)
@@ -450,7 +493,7 @@ def show(session: str, as_of: int | None, repair: bool, full: bool, as_json: boo
     for rest in markers.values():
         lines.extend(rest)
     for line in lines:
-        click.echo(line)
+        click.echo(_fit(line, columns))
 
 
 @cli.command()
@@ -484,13 +527,14 @@ def history(session: str, as_json: bool) -> None:
             ]
         )
         return
+    columns = _columns()
+    click.echo(f"{'seq':>6} {'pos':>5} {'origin':<6} {'status':<16} {'node':<12} message")
     for o in occurrences:
         status = "live" if o.tombstone is None else f"✗ {o.tombstone.reason}@{o.tombstone.seq}"
-        click.echo(
-            f"{o.seq:>6} {o.position:>5} {o.origin:<6} {status:<16} {o.node[:12]} {render_message(o.message, width=100)}"
-        )
+        line = f"{o.seq:>6} {o.position:>5} {o.origin:<6} {status:<16} {o.node[:12]} {render_message(o.message, width=100)}"
+        click.echo(_fit(line, columns))
     live = sum(1 for o in occurrences if o.tombstone is None)
-    click.echo(f"{len(occurrences)} occurrences, {live} live, {len(occurrences) - live} tombstoned")
+    click.echo(f"{_count(len(occurrences), 'occurrence')}, {live} live, {len(occurrences) - live} tombstoned")
 
 
 # -- projection ---------------------------------------------------------------
@@ -614,7 +658,7 @@ def rebuild(db: str | None, exclusive: bool, force: bool, as_json: bool) -> None
 
 
 @cli.command()
-@click.argument("query")
+@click.argument("words", nargs=-1, required=True, metavar="WORDS...")
 @click.option("--session", "session", metavar="SESSION", help="Search only this session.")
 @click.option("--limit", default=20, show_default=True, type=click.IntRange(min=1), help="Most results to print.")
 @click.option(
@@ -622,12 +666,14 @@ def rebuild(db: str | None, exclusive: bool, force: bool, as_json: bool) -> None
 )
 @click.option("--fts", is_flag=True, help='Pass QUERY as SQLite FTS5 syntax ("phrases", AND/OR/NOT, prefix*, NEAR).')
 @click.option("--json", "as_json", is_flag=True, help="Print the results as JSON.")
-def search(query: str, session: str | None, limit: int, db: str | None, fts: bool, as_json: bool) -> None:
-    """Full-text search of the live messages: those containing every word of QUERY.
+def search(words: tuple[str, ...], session: str | None, limit: int, db: str | None, fts: bool, as_json: bool) -> None:
+    """Full-text search of the live messages: those containing every one of WORDS.
 
     Searches message text and tool names and arguments in the SQLite projection,
-    which is caught up with the log first, so results are current.
+    which is caught up with the log first, so results are current. Quoting is not
+    needed (`eventlog search fox lazy`); with --fts the words are one FTS5 query.
     """
+    query = " ".join(words)
     if not fts:
         query = plain_query(query)
     target = db or _default_db(_settings().log_path)
@@ -648,16 +694,20 @@ def search(query: str, session: str | None, limit: int, db: str | None, fts: boo
     if not results:
         click.echo("no live message matches")
         return
+    columns = _columns()
     for r in results:
-        click.echo(f"{r['session_id']} [{r['position']}] {r['role']}: {_clip(r['snippet'] or '', 160)}")
-    click.echo(f"{len(results)} result(s)")
+        line = (
+            f"{visible(r['session_id'])} [{r['position']}] {visible(str(r['role']))}: {_clip(r['snippet'] or '', 160)}"
+        )
+        click.echo(_fit(line, columns))
+    click.echo(_count(len(results), "result"))
 
 
 def plain_query(text: str) -> str:
     """Words as an FTS5 query that matches rows containing all of them (each word quoted)."""
     words = text.split()
     if not words:
-        raise click.BadParameter("give at least one word to search for", param_hint="QUERY")
+        raise click.BadParameter("give at least one word to search for", param_hint="WORDS")
     return " ".join('"' + word.replace('"', '""') + '"' for word in words)
 
 
@@ -801,6 +851,9 @@ def describe(record: Record) -> str:
             what += f" ({len(event.carried)} carried)"
         if event.summaries:
             what += f" ({event.summaries} summary)"
+        newest = _newest_message(event)
+        if newest is not None:
+            what += f": {newest}"
     elif isinstance(event, ev.MessagesTombstoned):
         what = f"tombstoned {event.count} from {event.position} ({event.reason})"
     elif isinstance(event, ev.SessionClosed):
@@ -813,7 +866,23 @@ def describe(record: Record) -> str:
     else:  # pragma: no cover - every kind is handled above
         what = type(event).__name__
     stamp = time.strftime("%H:%M:%S", time.localtime(record.time_ns / 1e9))
-    return f"{record.seq:>8} {stamp} {event.session} {what}"
+    return f"{record.seq:>8} {stamp} {visible(event.session)} {visible(what)}"
+
+
+def _newest_message(event: ev.MessagesAppended) -> str | None:
+    """The role and first line of the last message an append event stored (None when carried)."""
+    try:
+        message = codec.decode(bytes(event.bodies[-1])) if event.bodies else None
+    except Exception:  # the event was checked when read; a body that does not decode shows nothing
+        return None
+    if not isinstance(message, dict):
+        return None
+    role = str(message.get("role") or message.get("type") or "?")
+    text = text_of(message.get("content")) or ""
+    if not text and tool_calls(message):
+        text = "→ " + ", ".join(str(function_of(call).get("name", "?")) for call in tool_calls(message))
+    first = text.strip().split("\n", 1)[0]
+    return f"{role}: {_clip(first, 80)}" if first else f"{role}:"
 
 
 def _event_json(record: Record) -> dict[str, Any]:
@@ -868,6 +937,7 @@ def tail(session: str | None, count: int, once: bool, timeout: float | None, int
     --timeout; --once prints and exits.
     """
     deadline = None if timeout is None else time.monotonic() + timeout
+    columns = _columns()
     with _open_log() as log:
         if session is not None:
             _require_session(log, session)
@@ -876,7 +946,9 @@ def tail(session: str | None, count: int, once: bool, timeout: float | None, int
             if session is not None and record.event.session != session:
                 return
             click.echo(
-                json.dumps(_event_json(record), ensure_ascii=False, default=_jsonable) if as_json else describe(record)
+                json.dumps(_event_json(record), ensure_ascii=False, default=_jsonable)
+                if as_json
+                else _fit(describe(record), columns)
             )
 
         last = log.last_seq
@@ -950,31 +1022,62 @@ def import_(file: str, session: str | None, split: bool, replace: bool, durabili
     a longer version of the file appends only what is new. A bad line, or a session
     the file does not continue, fails the whole import; nothing of the file is written.
     """
+    default_name = session is None
     if session is None:
         if file == "-":
             _fail("reading stdin: give --session SESSION")
         session = Path(file).stem
     name = "<stdin>" if file == "-" else file
-    with click.open_file(file, "r", encoding="utf-8") as handle:
-        try:
-            text = handle.read()
-        except UnicodeDecodeError as e:
-            _fail(f"{name}: not UTF-8 text ({e.reason} at byte {e.start})")
-    conversations = read_jsonl(text, name=name, split=split)
+    source = None if file == "-" else os.path.realpath(file)
+    settings = _settings()
+    settings.written = "nothing was imported"
+    with _status(f"reading {name}"):
+        # utf-8-sig: a byte order mark at the start (as some editors write) is not part of the text
+        with click.open_file(file, "r", encoding="utf-8-sig") as handle:
+            try:
+                text = handle.read()
+            except UnicodeDecodeError as e:
+                _fail(f"{name}: not UTF-8 text ({e.reason} at byte {e.start})")
+        conversations = read_jsonl(text, name=name, split=split)
     if split:  # numbered even when there is one, so that a file that grows keeps its names
         targets = {f"{session}-{i}": c for i, c in enumerate(conversations, start=1)}
     else:
         targets = {session: conversations[0]}
+    total = sum(len(c.messages) for c in targets.values())
     with _open_log(write=True, durability=durability) as log:
+        heads: dict[str, str] = {}
+        for target, conversation in targets.items():
+            info = log.session(target)
+            heads[target] = info.head if info is not None and info.head is not None else EMPTY_HEAD
+            if info is None or replace:
+                continue
+            earlier = info.metadata.get("imported_from")
+            if default_name and source is not None and isinstance(earlier, str) and earlier != source:
+                _fail(
+                    f"session {target!r} was imported from {earlier}, not {name}; nothing was imported; "
+                    "give --session SESSION to import this file into a session of its own"
+                )
+            problem = _does_not_extend(log.messages(target), conversation, name)
+            if problem is not None:
+                _fail(
+                    f"session {target!r}: {problem}; nothing was imported; pass --replace to replace the "
+                    "transcript, or choose another --session"
+                )
         try:  # one transaction: every session of the file is written, or none
-            written = log.flush_many({target: c.messages for target, c in targets.items()}, replace=replace)
-        except HistoryMismatchError as e:
-            target = e.session or session
-            stored = len(log.messages(target))
-            _fail(
-                f"session {target!r} already holds {stored} messages and {name} does not continue them; "
-                "nothing was imported; pass --replace to replace the transcript, or choose another --session"
-            )
+            with _status(f"writing {_count(total, 'message')} to {_count(len(targets), 'session')}"):
+                written = log.flush_many(
+                    {target: c.messages for target, c in targets.items()},
+                    expected_heads=None if replace else heads,
+                    replace=replace,
+                )
+        except ConflictError as e:
+            _fail(f"{_one_line(e)}: another process wrote to it while this import ran; nothing was imported")
+        settings.written = "the import was written whole"
+        if default_name and source is not None:  # what a later import under the same name is checked against
+            for target in targets:
+                info = log.session(target)
+                if info is not None and info.metadata.get("imported_from") != source:
+                    log.update_session(target, imported_from=source)
     results = [
         {
             "session": target,
@@ -988,9 +1091,40 @@ def import_(file: str, session: str | None, split: bool, replace: bool, durabili
     if as_json:
         _print_json(results)
         return
-    for r in results:
-        extra = f", {r['tombstoned']} tombstoned" if r["tombstoned"] else ""
-        click.echo(f"{r['session']}: {r['messages']} messages read, {r['appended']} written{extra}")
+    for target, c in targets.items():
+        done = written[target]
+        extra = f", {done.tombstoned} tombstoned" if done.tombstoned else ""
+        click.echo(f"{visible(target)}: {_count(len(c.messages), 'message')} read, {done.appended} written{extra}")
+
+
+def _does_not_extend(stored: list[dict[str, Any]], conversation: Any, name: str) -> str | None:
+    """Why importing ``conversation`` would tombstone stored messages, or None when it extends them.
+
+    Scaffolding and ``_`` keys are left out as a flush leaves them out; the first message
+    that differs is named by its line in the file.
+    """
+    kept = [
+        (line, codec.canonical(message, index))
+        for index, (message, line) in enumerate(zip(conversation.messages, conversation.lines))
+        if not is_ephemeral(message)
+    ]
+    for position, (message, (line, body)) in enumerate(zip(stored, kept)):
+        if codec.encode(message) != body:
+            return f"{name}:{line} differs from stored message {position}, so the file does not extend the session"
+    if len(kept) < len(stored):
+        return (
+            f"it holds {len(stored)} messages and {name} only its first {len(kept)} "
+            "(an older copy?), so importing it would rewind the session"
+        )
+    return None
+
+
+def _status(text: str) -> contextlib.AbstractContextManager[Any]:
+    """A spinner with ``text`` on stderr while long work runs, when stderr is a terminal."""
+    console = _stderr()
+    if not console.is_terminal:
+        return contextlib.nullcontext()
+    return console.status(escape(text))
 
 
 @cli.command()

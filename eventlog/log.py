@@ -215,6 +215,13 @@ class EventLog:
         (``project_in_background``, the default), so a write returns once the log has
         committed it, or inside the write call.  Projections that read through their
         own API wait for the background thread first; see :meth:`sync_projections`.
+
+        ``readonly=True`` opens an existing log for reading only (every write raises
+        :class:`ReadOnlyError`), and works on a directory this process cannot write (a
+        service's log, a read-only backup).  When even LMDB's lock file cannot be opened for
+        writing, the log is read without LMDB's reader table: a process writing the log at
+        the same time is then not told which pages this reader uses and may reuse them, so
+        such a reader is only consistent while nobody writes (a backup, a stopped service).
         """
         store = Store(path, durability=durability, map_size=map_size, max_map_size=max_map_size, readonly=readonly)
         log = cls(

@@ -23,6 +23,7 @@ session's events are linked backwards through the envelope.
 
 from __future__ import annotations
 
+import errno
 import os
 import struct
 import threading
@@ -131,6 +132,8 @@ class Store:
             raise CorruptLogError(
                 f"{data}: the data file is missing or truncated ({size} bytes); restore it from a backup"
             )
+        self.locked = True
+        """Whether LMDB's lock file is in use (see the read-only mode in docs/cli.md)."""
         for _ in range(100):
             try:
                 self.env = lmdb.open(
@@ -143,7 +146,7 @@ class Store:
                     readahead=False,
                     max_dbs=8,
                     max_readers=512,
-                    lock=True,
+                    lock=self.locked,
                 )
                 break
             except lmdb.MapResizedError:
@@ -151,13 +154,20 @@ class Store:
                 # Opening again reads the new size.
                 continue
             except lmdb.Error as e:
+                if readonly and self.locked and _denied(e):
+                    # A reader that may not write the lock file (a service's log, a read-only
+                    # backup) reads without LMDB's reader table: it cannot tell a writer which
+                    # pages it is reading, so it is only safe while nobody writes the log.
+                    self.locked = False
+                    continue
                 raise translate(e, self.path) from e
         else:
             raise EventLogError(f"{self.path}: the map kept being resized while opening the log")
         try:
             self._check_file_size(data)
             # Reader slots of processes that died holding a transaction pin old pages.
-            self.env.reader_check()
+            if self.locked:
+                self.env.reader_check()
             for _ in range(100):
                 try:
                     self.events = self.env.open_db(b"events", create=not readonly)
@@ -629,3 +639,11 @@ def _recorded_last(store: Store, txn: lmdb.Transaction, seq: int, raw: bytes) ->
             f"{store.path}: event {seq} names a session whose state is missing or damaged (run verify)"
         )
     return bytes(STATE.unpack(state)[3])
+
+
+def _denied(e: lmdb.Error) -> bool:
+    """Whether LMDB failed to open a file for lack of permission."""
+    text = str(e)
+    return getattr(e, "errno", None) in (errno.EACCES, errno.EPERM) or any(
+        words in text for words in ("Permission denied", "Operation not permitted")
+    )
