@@ -11,6 +11,7 @@ import re
 import sys
 from pathlib import Path
 
+import click
 import pytest
 from click.testing import CliRunner
 
@@ -37,7 +38,13 @@ def help_text(name: str) -> str:
 
 
 def commands() -> list[str]:
-    return sorted(cli.commands)
+    """Every command, with the subcommands of groups as ``"group sub"``."""
+    names = []
+    for name, command in sorted(cli.commands.items()):
+        names.append(name)
+        if isinstance(command, click.Group):
+            names += [f"{name} {sub}" for sub in sorted(command.commands)]
+    return names
 
 
 @pytest.mark.parametrize("page", [p for p in PAGES if python_blocks(p)], ids=lambda p: p.name)
