@@ -11,13 +11,11 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import shutil
 import stat
 import sys
 import time
-from collections import Counter
 from collections.abc import Callable, Iterator, Mapping
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, NoReturn
 
@@ -27,12 +25,10 @@ from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from . import codec
-from . import events as ev
+from . import codec, render
 from .errors import ConflictError, CorruptLogError, EventLogError, UnknownSessionError
-from .interchange import FORMATS, export_lines, function_of, read_jsonl, text_of, tool_calls
+from .interchange import FORMATS, export_lines, read_jsonl
 from .log import EMPTY_HEAD, EventLog
-from .replay import Occurrence
 from .snapshot import is_ephemeral
 from .store import Record
 from .terminal import visible
@@ -45,8 +41,6 @@ DEFAULT_DEMO = "eventlog-demo"
 
 HELP_WIDTH = 100
 """Help text is wrapped at this width everywhere, so that ``docs/cli.md`` can match it."""
-
-KIND_NAMES = {1: "opened", 2: "appended", 3: "tombstoned", 4: "closed", 5: "updated", 6: "annotated"}
 
 
 @dataclass(slots=True)
@@ -83,11 +77,11 @@ class _Group(click.Group):
             text = _one_line(e).replace(" (run verify)", "")
             _fail(f"{text}; run 'eventlog verify' to check the whole log and name every damaged event")
         except EventLogError as e:
-            from projections.errors import NotAProjectionError
+            from projections.errors import LogMismatchError, NotAProjectionError
 
             if isinstance(e, NotAProjectionError):
                 _fail(f"{e.path}: {e.what}; give another DB, or run 'eventlog rebuild --force {e.path}' to replace it")
-            if type(e).__name__ == "LogMismatchError":
+            if isinstance(e, LogMismatchError):
                 _fail(f"{_one_line(e).split(';')[0]}; give another DB, or run 'eventlog rebuild DB' to replace it")
             _fail(_one_line(e))
         except (OSError, ValueError) as e:
@@ -150,11 +144,6 @@ def _require_session(log: EventLog, session_id: str) -> None:
             else "; the log has no sessions"
         )
         _fail(f"no session {session_id!r} in {log.path}{hint}")
-
-
-def _count(n: int, noun: str) -> str:
-    """``n`` and ``noun``, plural when ``n`` is not 1 ("1 session", "2 sessions")."""
-    return f"{n} {noun}" if n == 1 else f"{n} {noun}s"
 
 
 def _default_db(log_path: str) -> str:
@@ -245,100 +234,6 @@ def demo(path: str, turns: int, durability: str, as_json: bool) -> None:
 # -- reading ------------------------------------------------------------------
 
 
-@dataclass(slots=True)
-class SessionSummary:
-    """What a pass over the events says about one session."""
-
-    session: str
-    live: int = 0
-    events: int = 0
-    appended: int = 0
-    tombstoned: Counter[str] = field(default_factory=Counter)
-    forked_from: str | None = None
-    fork_at: int = 0
-    closed: bool = False
-    first_seq: int = 0
-    last_seq: int = 0
-    first_ns: int = 0
-    last_ns: int = 0
-    fields: dict[str, Any] = field(default_factory=dict)
-    counters: dict[str, float] = field(default_factory=dict)
-
-    def as_dict(self) -> dict[str, Any]:
-        return {
-            "session": self.session,
-            "live_messages": self.live,
-            "events": self.events,
-            "appended": self.appended,
-            "tombstoned": dict(self.tombstoned),
-            "forked_from": self.forked_from,
-            "fork_at": self.fork_at if self.forked_from else None,
-            "closed": self.closed,
-            "first_seq": self.first_seq,
-            "last_seq": self.last_seq,
-            "created": _iso(self.first_ns),
-            "updated": _iso(self.last_ns),
-            "metadata": self.fields,
-            "counters": self.counters,
-        }
-
-
-@dataclass(slots=True)
-class LogSummary:
-    sessions: dict[str, SessionSummary] = field(default_factory=dict)
-    kinds: Counter[str] = field(default_factory=Counter)
-    bodies: int = 0
-    carried: int = 0
-    tombstone_events: Counter[str] = field(default_factory=Counter)
-    tombstoned: Counter[str] = field(default_factory=Counter)
-
-
-def summarize(records: Iterator[Record]) -> LogSummary:
-    """One pass over the events: per-session counts, event kinds, tombstones by reason."""
-    out = LogSummary()
-    sessions = out.sessions
-    for record in records:
-        event = record.event
-        out.kinds[KIND_NAMES.get(record.kind, str(record.kind))] += 1
-        summary = sessions.get(event.session)
-        if summary is None:
-            summary = sessions[event.session] = SessionSummary(
-                event.session, first_seq=record.seq, first_ns=record.time_ns
-            )
-        summary.events += 1
-        summary.last_seq = record.seq
-        summary.last_ns = record.time_ns
-        if isinstance(event, ev.SessionOpened):
-            if event.source is not None:
-                summary.forked_from = event.source
-                summary.fork_at = summary.live = event.at
-        elif isinstance(event, ev.MessagesAppended):
-            n = len(event)
-            summary.live = event.position + n
-            summary.appended += n
-            out.carried += len(event.carried)
-            out.bodies += n - len(event.carried)
-            summary.closed = False
-        elif isinstance(event, ev.MessagesTombstoned):
-            summary.live = event.position
-            summary.tombstoned[event.reason] += event.count
-            out.tombstone_events[event.reason] += 1
-            out.tombstoned[event.reason] += event.count
-        elif isinstance(event, ev.SessionClosed):
-            summary.closed = True
-        elif isinstance(event, ev.SessionUpdated):
-            summary.fields.update(event.fields)
-            for key, value in event.counters.items():
-                summary.counters[key] = summary.counters.get(key, 0) + value
-    return out
-
-
-def _iso(ns: int) -> str | None:
-    if not ns:
-        return None
-    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(ns / 1e9))
-
-
 @cli.command()
 @click.option("--json", "as_json", is_flag=True, help="Print a JSON array of sessions.")
 @click.option(
@@ -351,7 +246,7 @@ def sessions(as_json: bool, source: str | None, log_id: str | None) -> None:
         _sessions_from(source, log_id, as_json)
         return
     with _open_log() as log:
-        summaries = summarize(log.events()).sessions
+        summaries = render.summarize(log.events()).sessions
     rows = [summaries[s] for s in sorted(summaries)]
     if as_json:
         _print_json([row.as_dict() for row in rows])
@@ -377,91 +272,11 @@ def sessions(as_json: bool, source: str | None, log_id: str | None) -> None:
             str(row.live),
             str(sum(row.tombstoned.values())),
             str(row.events),
-            _iso(row.last_ns) or "",
+            render.iso(row.last_ns) or "",
             escape(visible(str(row.fields.get("title", "")))),
             escape(visible(", ".join(notes))),
         )
     _stdout().print(table)
-
-
-def _clip(text: str, width: int | None) -> str:
-    """``text`` safe for a terminal: on one line of at most ``width`` characters, or (``None``)
-    whole, its line breaks shown as indented continuation lines."""
-    if width is None:
-        return visible(text, newline="\n    ")
-    text = visible(" ".join(text.split()))
-    if len(text) > width:
-        return text[: width - 1] + "…"
-    return text
-
-
-def _columns() -> int | None:
-    """The terminal's width when output goes to one (or ``COLUMNS`` says it), else None."""
-    if os.environ.get("COLUMNS", "").isdigit():
-        return max(20, int(os.environ["COLUMNS"]))
-    if sys.stdout.isatty():
-        return max(20, shutil.get_terminal_size().columns)
-    return None
-
-
-def _fit(line: str, columns: int | None) -> str:
-    """``line`` cut to ``columns`` characters (a one-line rendering on a terminal)."""
-    if columns is None or len(line) <= columns:
-        return line
-    return line[: columns - 1] + "…"
-
-
-def render_message(message: Mapping[str, Any], *, width: int | None = 160) -> str:
-    """One message as readable text: role, content, tool calls and tool results.
-
-    ``width`` clips the content to one line of that many characters (None: in full).
-    """
-    role = str(message.get("role") or message.get("type") or "?")
-    parts = []
-    text = text_of(message.get("content"))
-    if role == "tool":
-        name = message.get("name") or message.get("tool_name")
-        label = f"tool {name}" if name else "tool"
-        call = message.get("tool_call_id")
-        role = f"{label} ({call})" if call else label
-    role = visible(role)
-    if text:
-        parts.append(_clip(text, width))
-    for call in tool_calls(message):
-        function = function_of(call)
-        arguments = function.get("arguments", "")
-        if not isinstance(arguments, str):
-            arguments = json.dumps(arguments, ensure_ascii=False)
-        call_id = call.get("id", "") if isinstance(call, Mapping) else ""
-        name = visible(str(function.get("name", "?")))
-        parts.append(f"→ {name}({_clip(arguments, 80 if width else None)}) [{visible(str(call_id))}]")
-    body = "\n    ".join(parts) if width is None else "  ".join(parts)
-    return f"{role}: {body}" if body else f"{role}:"
-
-
-def _markers(history: list[Occurrence]) -> dict[int, list[str]]:
-    """Tombstone marker lines keyed by the live position they are printed before.
-
-    A tombstone ends the live suffix from its position on; its marker goes before
-    the live message now at that position (or at the end when the transcript is
-    shorter now), and names the position it had, so nothing reads ambiguously.
-    """
-    stones: dict[int, tuple[str, int, int]] = {}  # seq -> reason, count, first position
-    for occurrence in history:
-        stone = occurrence.tombstone
-        if stone is None:
-            continue
-        reason, count, first = stones.get(stone.seq, (stone.reason, 0, occurrence.position))
-        stones[stone.seq] = (reason, count + 1, min(first, occurrence.position))
-    live = sum(1 for o in history if o.tombstone is None)
-    out: dict[int, list[str]] = {}
-    for seq in sorted(stones):
-        reason, count, first = stones[seq]
-        noun = "message" if count == 1 else "messages"
-        out.setdefault(min(first, live), []).append(
-            f"  ✂ event {seq}: {count} {noun} from position {first} tombstoned ({reason})"
-        )
-    return out
 
 
 @cli.command()
@@ -488,7 +303,7 @@ def show(
     A marker line shows where messages left the transcript (edit, rewind, compaction,
     clear); `history` lists them.
     """
-    columns = None if full else _columns()
+    columns = None if full else render.columns()
     width = None if full else min(160, columns or 160)
     if source is not None:
         if as_of is not None or repair:
@@ -503,19 +318,19 @@ def show(
                 _print_json(messages)
                 return
             for position, message in enumerate(messages):
-                click.echo(_fit(f"[{position}] {render_message(message, width=width)}", columns))
+                click.echo(render.fit(f"[{position}] {render.render_message(message, width=width)}", columns))
             return
         history = log.history(session)
-    markers = _markers(history)
+    markers = render.markers(history)
     lines: list[str] = []
     for occurrence in history:
         if occurrence.tombstone is None:
             lines.extend(markers.pop(occurrence.position, ()))
-            lines.append(f"[{occurrence.position}] {render_message(occurrence.message, width=width)}")
+            lines.append(f"[{occurrence.position}] {render.render_message(occurrence.message, width=width)}")
     for rest in markers.values():
         lines.extend(rest)
     for line in lines:
-        click.echo(_fit(line, columns))
+        click.echo(render.fit(line, columns))
 
 
 @cli.command()
@@ -549,14 +364,14 @@ def history(session: str, as_json: bool) -> None:
             ]
         )
         return
-    columns = _columns()
+    columns = render.columns()
     click.echo(f"{'seq':>6} {'pos':>5} {'origin':<6} {'status':<16} {'node':<12} message")
     for o in occurrences:
         status = "live" if o.tombstone is None else f"✗ {o.tombstone.reason}@{o.tombstone.seq}"
-        line = f"{o.seq:>6} {o.position:>5} {o.origin:<6} {status:<16} {o.node[:12]} {render_message(o.message, width=100)}"
-        click.echo(_fit(line, columns))
+        line = f"{o.seq:>6} {o.position:>5} {o.origin:<6} {status:<16} {o.node[:12]} {render.render_message(o.message, width=100)}"
+        click.echo(render.fit(line, columns))
     live = sum(1 for o in occurrences if o.tombstone is None)
-    click.echo(f"{_count(len(occurrences), 'occurrence')}, {live} live, {len(occurrences) - live} tombstoned")
+    click.echo(f"{render.count(len(occurrences), 'occurrence')}, {live} live, {len(occurrences) - live} tombstoned")
 
 
 # -- projection ---------------------------------------------------------------
@@ -612,11 +427,11 @@ def _sessions_from(source: str, log_id: str | None, as_json: bool) -> None:
             escape(visible(r["log_id"][:12])),
             escape(visible(r["id"])),
             str(r["message_count"]),
-            _iso(r["created_ns"]) or "",
+            render.iso(r["created_ns"]) or "",
             escape(visible(r["title"] or "")),
         )
     Console(soft_wrap=True).print(table)
-    click.echo(f"{_count(len(rows), 'session')} in {_count(len({r['log_id'] for r in rows}), 'log')}")
+    click.echo(f"{render.count(len(rows), 'session')} in {render.count(len({r['log_id'] for r in rows}), 'log')}")
 
 
 def _show_from(source: str, session: str, log_id: str | None, width: int | None, as_json: bool) -> None:
@@ -632,7 +447,7 @@ def _show_from(source: str, session: str, log_id: str | None, width: int | None,
         _print_json(messages)
         return
     for r, message in zip(rows, messages):
-        click.echo(f"[{r['position']}] {render_message(message, width=width)}")
+        click.echo(f"[{r['position']}] {render.render_message(message, width=width)}")
 
 
 def _postgres(source: str) -> Any:
@@ -815,13 +630,11 @@ def search(
     if not results:
         click.echo("no live message matches")
         return
-    columns = _columns()
+    columns = render.columns()
     for r in results:
-        line = (
-            f"{visible(r['session_id'])} [{r['position']}] {visible(str(r['role']))}: {_clip(r['snippet'] or '', 160)}"
-        )
-        click.echo(_fit(line, columns))
-    click.echo(_count(len(results), "result"))
+        line = f"{visible(r['session_id'])} [{r['position']}] {visible(str(r['role']))}: {render.clip(r['snippet'] or '', 160)}"
+        click.echo(render.fit(line, columns))
+    click.echo(render.count(len(results), "result"))
 
 
 def _search_from(source: str, query: str, session: str | None, log_id: str | None, limit: int, as_json: bool) -> None:
@@ -842,9 +655,9 @@ def _search_from(source: str, query: str, session: str | None, log_id: str | Non
     for r in results:
         click.echo(
             f"{visible(r['log_id'][:12])} {visible(r['session_id'])} [{r['position']}] {visible(str(r['role']))}: "
-            f"{_clip(r['snippet'] or '', 160)}"
+            f"{render.clip(r['snippet'] or '', 160)}"
         )
-    click.echo(_count(len(results), "result"))
+    click.echo(render.count(len(results), "result"))
 
 
 def plain_query(text: str) -> str:
@@ -933,7 +746,7 @@ def stats(as_json: bool) -> None:
     """Events, sessions, messages, tombstones by reason, size on disk and map size."""
     with _open_log() as log:
         info = log.info()
-        summary = summarize(log.events())
+        summary = render.summarize(log.events())
     live = sum(s.live for s in summary.sessions.values())
     numbers = {
         "path": info["path"],
@@ -967,89 +780,12 @@ def stats(as_json: bool) -> None:
     table.add_row("stored bodies", f"{summary.bodies} (+{summary.carried} carried references, not stored again)")
     table.add_row("tombstones", f"{sum(summary.tombstone_events.values())} events: {by(numbers['tombstone_events'])}")
     table.add_row("tombstoned", f"{sum(summary.tombstoned.values())} messages: {by(numbers['tombstoned_messages'])}")
-    table.add_row("size on disk", f"{_size(info['file_bytes'])} file, {_size(info['used_bytes'])} used")
-    table.add_row("map size", _size(info["map_size"]))
+    table.add_row("size on disk", f"{render.size(info['file_bytes'])} file, {render.size(info['used_bytes'])} used")
+    table.add_row("map size", render.size(info["map_size"]))
     _stdout().print(table)
 
 
-def _size(n: int) -> str:
-    value = float(n)
-    for unit in ("B", "KiB", "MiB", "GiB"):
-        if value < 1024 or unit == "GiB":
-            return f"{value:.0f} {unit}" if unit == "B" else f"{value:.1f} {unit}"
-        value /= 1024
-    return f"{n} B"  # pragma: no cover
-
-
 # -- following ----------------------------------------------------------------
-
-
-def describe(record: Record) -> str:
-    """One line for an event: seq, time, session, what happened."""
-    event = record.event
-    if isinstance(event, ev.SessionOpened):
-        what = f"opened (fork of {event.source!r} sharing {event.at})" if event.source is not None else "opened"
-    elif isinstance(event, ev.MessagesAppended):
-        what = f"appended {len(event)} at {event.position}"
-        if event.carried:
-            what += f" ({len(event.carried)} carried)"
-        if event.summaries:
-            what += f" ({event.summaries} summary)"
-        newest = _newest_message(event)
-        if newest is not None:
-            what += f": {newest}"
-    elif isinstance(event, ev.MessagesTombstoned):
-        what = f"tombstoned {event.count} from {event.position} ({event.reason})"
-    elif isinstance(event, ev.SessionClosed):
-        what = f"closed ({event.reason})" if event.reason else "closed"
-    elif isinstance(event, ev.SessionUpdated):
-        keys = sorted([*event.fields, *event.counters])
-        what = f"updated {', '.join(keys)}"
-    elif isinstance(event, ev.MessageAnnotated):
-        what = f"annotated position {event.position}"
-    else:  # pragma: no cover - every kind is handled above
-        what = type(event).__name__
-    stamp = time.strftime("%H:%M:%S", time.localtime(record.time_ns / 1e9))
-    return f"{record.seq:>8} {stamp} {visible(event.session)} {visible(what)}"
-
-
-def _newest_message(event: ev.MessagesAppended) -> str | None:
-    """The role and first line of the last message an append event stored (None when carried)."""
-    try:
-        message = codec.decode(bytes(event.bodies[-1])) if event.bodies else None
-    except Exception:  # the event was checked when read; a body that does not decode shows nothing
-        return None
-    if not isinstance(message, dict):
-        return None
-    role = str(message.get("role") or message.get("type") or "?")
-    text = text_of(message.get("content")) or ""
-    if not text and tool_calls(message):
-        text = "→ " + ", ".join(str(function_of(call).get("name", "?")) for call in tool_calls(message))
-    first = text.strip().split("\n", 1)[0]
-    return f"{role}: {_clip(first, 80)}" if first else f"{role}:"
-
-
-def _event_json(record: Record) -> dict[str, Any]:
-    event = record.event
-    out: dict[str, Any] = {
-        "seq": record.seq,
-        "time": record.time_ns,
-        "session": event.session,
-        "kind": KIND_NAMES.get(record.kind, record.kind),
-    }
-    if isinstance(event, ev.MessagesAppended):
-        out.update(position=event.position, count=len(event), carried=len(event.carried), summaries=event.summaries)
-    elif isinstance(event, ev.MessagesTombstoned):
-        out.update(position=event.position, count=event.count, reason=event.reason)
-    elif isinstance(event, ev.SessionOpened):
-        out.update(source=event.source, at=event.at)
-    elif isinstance(event, ev.SessionClosed):
-        out.update(reason=event.reason)
-    elif isinstance(event, ev.SessionUpdated):
-        out.update(fields=event.fields, counters=event.counters)
-    elif isinstance(event, ev.MessageAnnotated):
-        out.update(position=event.position)
-    return out
 
 
 @cli.command()
@@ -1081,7 +817,7 @@ def tail(session: str | None, count: int, once: bool, timeout: float | None, int
     --timeout; --once prints and exits.
     """
     deadline = None if timeout is None else time.monotonic() + timeout
-    columns = _columns()
+    columns = render.columns()
     with _open_log() as log:
         if session is not None:
             _require_session(log, session)
@@ -1090,9 +826,9 @@ def tail(session: str | None, count: int, once: bool, timeout: float | None, int
             if session is not None and record.event.session != session:
                 return
             click.echo(
-                json.dumps(_event_json(record), ensure_ascii=False, default=_jsonable)
+                json.dumps(render.event_json(record), ensure_ascii=False, default=_jsonable)
                 if as_json
-                else _fit(describe(record), columns)
+                else render.fit(render.describe(record), columns)
             )
 
         last = log.last_seq
@@ -1208,7 +944,7 @@ def import_(file: str, session: str | None, split: bool, replace: bool, durabili
                     "transcript, or choose another --session"
                 )
         try:  # one transaction: every session of the file is written, or none
-            with _status(f"writing {_count(total, 'message')} to {_count(len(targets), 'session')}"):
+            with _status(f"writing {render.count(total, 'message')} to {render.count(len(targets), 'session')}"):
                 written = log.flush_many(
                     {target: c.messages for target, c in targets.items()},
                     expected_heads=None if replace else heads,
@@ -1238,7 +974,9 @@ def import_(file: str, session: str | None, split: bool, replace: bool, durabili
     for target, c in targets.items():
         done = written[target]
         extra = f", {done.tombstoned} tombstoned" if done.tombstoned else ""
-        click.echo(f"{visible(target)}: {_count(len(c.messages), 'message')} read, {done.appended} written{extra}")
+        click.echo(
+            f"{visible(target)}: {render.count(len(c.messages), 'message')} read, {done.appended} written{extra}"
+        )
 
 
 def _does_not_extend(stored: list[dict[str, Any]], conversation: Any, name: str) -> str | None:

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from hashlib import sha256
 from itertools import groupby
 from operator import itemgetter
-from typing import Any, Final
+from typing import Any, Final, assert_never
 
 import lmdb
 import msgspec
@@ -334,14 +334,20 @@ def session_info(store: Store, txn: lmdb.Transaction, session_id: str) -> Sessio
     fork_position: int | None = None
     for seq in reversed(wanted):
         event = store.decode(seq, reader.checked(seq))
-        if isinstance(event, ev.SessionUpdated):
-            metadata.update(event.fields)
-            for key, value in event.counters.items():
-                counters[key] = counters.get(key, 0) + value
-        elif isinstance(event, ev.SessionClosed):
-            close_reason = event.reason
-        elif isinstance(event, ev.SessionOpened) and event.source is not None:
-            forked_from, fork_position = event.source, event.at
+        match event:
+            case ev.SessionUpdated():
+                metadata.update(event.fields)
+                for key, value in event.counters.items():
+                    counters[key] = counters.get(key, 0) + value
+            case ev.SessionClosed():
+                close_reason = event.reason
+            case ev.SessionOpened():
+                if event.source is not None:
+                    forked_from, fork_position = event.source, event.at
+            case ev.MessagesAppended() | ev.MessagesTombstoned() | ev.MessageAnnotated():
+                pass  # not in _INFO_KINDS: never decoded here
+            case _:
+                assert_never(event)
     return SessionInfo(
         id=session_id,
         length=state.length,
@@ -402,50 +408,55 @@ def _replay(reader: BodyReader, session_id: str, upto: int | None) -> tuple[list
     live: list[int] = []
     for seq in session_events(store, txn, state, upto):
         event = store.decode(seq, reader.checked(seq))  # checked against its hash: not hashed again
-        if isinstance(event, ev.MessagesAppended):
-            if event.position != len(live):
-                raise CorruptLogError(
-                    f"{store.path}: event {seq} appends at position {event.position}, "
-                    f"but session {session_id!r} has {len(live)} live messages"
-                )
-            for i in range(len(event)):
-                carried = event.carried.get(i)
-                live.append(len(occurrences))
-                occurrences.append(
-                    Occurrence(
-                        position=event.position + i,
-                        node=event.node(i).hex(),
-                        digest=event.digest(i).hex(),
-                        seq=seq,
-                        origin="append" if carried is None else "carry",
-                        source=(seq, i) if carried is None else (carried[0], carried[1]),
-                        override=event.overrides.get(i),
+        match event:
+            case ev.MessagesAppended():
+                if event.position != len(live):
+                    raise CorruptLogError(
+                        f"{store.path}: event {seq} appends at position {event.position}, "
+                        f"but session {session_id!r} has {len(live)} live messages"
                     )
-                )
-        elif isinstance(event, ev.MessagesTombstoned):
-            stone = Tombstone(event.reason, seq)
-            for index in live[event.position :]:
-                occurrences[index].tombstone = stone
-            del live[event.position :]
-        elif isinstance(event, ev.MessageAnnotated):
-            if event.position < len(live):
-                occurrences[live[event.position]].override = event.override
-        elif isinstance(event, ev.SessionOpened) and event.source is not None:
-            source_occ, source_live = _replay(reader, event.source, seq)
-            for position, index in enumerate(source_live[: event.at]):
-                shared = source_occ[index]
-                live.append(len(occurrences))
-                occurrences.append(
-                    Occurrence(
-                        position=position,
-                        node=shared.node,
-                        digest=shared.digest,
-                        seq=seq,
-                        origin="fork",
-                        source=shared.source,
-                        override=shared.override,
+                for i in range(len(event)):
+                    carried = event.carried.get(i)
+                    live.append(len(occurrences))
+                    occurrences.append(
+                        Occurrence(
+                            position=event.position + i,
+                            node=event.node(i).hex(),
+                            digest=event.digest(i).hex(),
+                            seq=seq,
+                            origin="append" if carried is None else "carry",
+                            source=(seq, i) if carried is None else (carried[0], carried[1]),
+                            override=event.overrides.get(i),
+                        )
                     )
-                )
+            case ev.MessagesTombstoned():
+                stone = Tombstone(event.reason, seq)
+                for index in live[event.position :]:
+                    occurrences[index].tombstone = stone
+                del live[event.position :]
+            case ev.MessageAnnotated():
+                if event.position < len(live):
+                    occurrences[live[event.position]].override = event.override
+            case ev.SessionOpened() if event.source is not None:
+                source_occ, source_live = _replay(reader, event.source, seq)
+                for position, index in enumerate(source_live[: event.at]):
+                    shared = source_occ[index]
+                    live.append(len(occurrences))
+                    occurrences.append(
+                        Occurrence(
+                            position=position,
+                            node=shared.node,
+                            digest=shared.digest,
+                            seq=seq,
+                            origin="fork",
+                            source=shared.source,
+                            override=shared.override,
+                        )
+                    )
+            case ev.SessionOpened() | ev.SessionClosed() | ev.SessionUpdated():
+                pass
+            case _:
+                assert_never(event)
     return occurrences, live
 
 

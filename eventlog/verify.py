@@ -21,6 +21,7 @@ import re
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from hashlib import sha256
+from typing import assert_never
 
 import lmdb
 
@@ -221,53 +222,60 @@ def _check_event(
     if chain is None:
         problems.append(Problem(seq, f"event for session {session!r} before it was opened"))
         chains[session] = chain = []
-    if isinstance(event, ev.MessagesAppended):
-        n = len(event)
-        if len(event.digests) != 32 * n or len(event.nodes) != 32 * n:
-            problems.append(Problem(seq, "digest or node columns do not match the number of messages"))
-            return
-        if event.position != len(chain):
-            problems.append(Problem(seq, f"appends at position {event.position}, live length is {len(chain)}"))
-            return
-        digests[seq] = event.digests
-        parent = chain[-1][0] if chain else ZERO
-        for i in range(n):
-            digest = event.digest(i)
-            node = event.node(i)
-            where = event.carried.get(i)
-            if where is None:
-                report.messages += 1
-                if sha256(bytes(event.bodies[i])).digest() != digest:
+    match event:
+        case ev.MessagesAppended():
+            n = len(event)
+            if len(event.digests) != 32 * n or len(event.nodes) != 32 * n:
+                problems.append(Problem(seq, "digest or node columns do not match the number of messages"))
+                return
+            if event.position != len(chain):
+                problems.append(Problem(seq, f"appends at position {event.position}, live length is {len(chain)}"))
+                return
+            digests[seq] = event.digests
+            parent = chain[-1][0] if chain else ZERO
+            for i in range(n):
+                digest = event.digest(i)
+                node = event.node(i)
+                where = event.carried.get(i)
+                if where is None:
+                    report.messages += 1
+                    if sha256(bytes(event.bodies[i])).digest() != digest:
+                        problems.append(
+                            Problem(
+                                seq,
+                                f"message {i} (position {event.position + i}): body does not match its content digest",
+                            )
+                        )
+                    location = (seq, i)
+                else:
+                    ref_seq, ref_index = where
+                    ref = digests.get(ref_seq)
+                    if ref is None or ref[32 * ref_index : 32 * ref_index + 32] != digest:
+                        problems.append(
+                            Problem(seq, f"message {i}: carried body ({ref_seq}, {ref_index}) is missing or differs")
+                        )
+                    location = (ref_seq, ref_index)
+                if sha256(parent + digest).digest() != node:
                     problems.append(
                         Problem(
-                            seq, f"message {i} (position {event.position + i}): body does not match its content digest"
+                            seq,
+                            f"message {i} (position {event.position + i}): node digest does not chain from its parent",
                         )
                     )
-                location = (seq, i)
-            else:
-                ref_seq, ref_index = where
-                ref = digests.get(ref_seq)
-                if ref is None or ref[32 * ref_index : 32 * ref_index + 32] != digest:
-                    problems.append(
-                        Problem(seq, f"message {i}: carried body ({ref_seq}, {ref_index}) is missing or differs")
-                    )
-                location = (ref_seq, ref_index)
-            if sha256(parent + digest).digest() != node:
-                problems.append(
-                    Problem(
-                        seq, f"message {i} (position {event.position + i}): node digest does not chain from its parent"
-                    )
-                )
-            chain.append((node, digest, location[0], location[1]))
-            parent = node
-    elif isinstance(event, ev.MessagesTombstoned):
-        live = b"".join(link[0] for link in chain[event.position :])
-        if live != event.nodes:
-            problems.append(Problem(seq, f"tombstone at {event.position} does not name the live suffix"))
-        del chain[event.position :]
-    elif isinstance(event, ev.MessageAnnotated):
-        if event.position >= len(chain) or chain[event.position][0] != event.node:
-            problems.append(Problem(seq, f"annotation of position {event.position} names a node that is not live"))
+                chain.append((node, digest, location[0], location[1]))
+                parent = node
+        case ev.MessagesTombstoned():
+            live = b"".join(link[0] for link in chain[event.position :])
+            if live != event.nodes:
+                problems.append(Problem(seq, f"tombstone at {event.position} does not name the live suffix"))
+            del chain[event.position :]
+        case ev.MessageAnnotated():
+            if event.position >= len(chain) or chain[event.position][0] != event.node:
+                problems.append(Problem(seq, f"annotation of position {event.position} names a node that is not live"))
+        case ev.SessionClosed() | ev.SessionUpdated():
+            pass
+        case _:
+            assert_never(event)
 
 
 def _track_notes(
@@ -280,16 +288,21 @@ def _track_notes(
         notes[session] = {position: note for position, note in source.items() if position < event.at}
         return
     held = notes.setdefault(session, {})
-    if isinstance(event, ev.MessagesAppended):
-        for i, override in event.overrides.items():
-            if 0 <= i < len(event):
-                held[event.position + i] = event.node(i) + codec.encode(override)
-    elif isinstance(event, ev.MessagesTombstoned):
-        for position in [p for p in held if p >= event.position]:
-            del held[position]
-    elif isinstance(event, ev.MessageAnnotated):
-        if event.position < len(chains.get(session, ())):
-            held[event.position] = event.node + codec.encode(event.override)
+    match event:
+        case ev.MessagesAppended():
+            for i, override in event.overrides.items():
+                if 0 <= i < len(event):
+                    held[event.position + i] = event.node(i) + codec.encode(override)
+        case ev.MessagesTombstoned():
+            for position in [p for p in held if p >= event.position]:
+                del held[position]
+        case ev.MessageAnnotated():
+            if event.position < len(chains.get(session, ())):
+                held[event.position] = event.node + codec.encode(event.override)
+        case ev.SessionClosed() | ev.SessionUpdated():
+            pass
+        case _:
+            assert_never(event)
 
 
 def _check_indexes(

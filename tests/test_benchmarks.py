@@ -23,6 +23,7 @@ from benchmarks import (  # noqa: E402
     bench_concurrency,
     bench_flush,
     bench_memory,
+    bench_postgres,
     bench_projection,
     bench_reflush,
 )
@@ -115,6 +116,17 @@ def test_bulk_scenario(tmp_path: Path) -> None:
     else:  # the rebuild, and its floor: SQLite alone with the same rows
         assert names[4].startswith("projection rebuild") and names[5].startswith("floor: SQLite alone")
     print(bench_bulk.render(result))
+
+
+def test_postgres_scenario(tmp_path: Path, postgres_dsn: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("EVENTLOG_BENCH_POSTGRES", postgres_dsn)
+    result = bench_postgres.run(scratch_dir=tmp_path, messages=300, repeats=1)
+    _check_rows(result["rows"])
+    names = [row["system"] for row in result["rows"]]
+    assert names[0].startswith("rebuild") and names[1].startswith("bulk catch-up") and names[2] == bench_postgres.FLOOR
+    assert all(row["messages"] == 300 for row in result["rows"])
+    assert result["rows"][2]["ratio"] == 1
+    print(bench_postgres.render(result))
 
 
 def test_concurrency_scenario(tmp_path: Path) -> None:
@@ -354,3 +366,17 @@ def test_the_synced_floors_write_into_zeroed_space_as_the_product_does(tmp_path:
         assert (tmp_path / "bare" / "data.mdb").stat().st_size >= used + systems.Preallocation.MIN_STEP // 4
     finally:
         floor.close()
+
+
+def test_integrations_scenario(tmp_path: Path) -> None:
+    pytest.importorskip("pydantic_ai", reason="pydantic-ai is not installed (pip install -e '.[test]')")
+    pytest.importorskip("google.adk", reason="google-adk is not installed (pip install -e '.[test]')")
+    from benchmarks import bench_integrations
+
+    result = bench_integrations.run(scratch_dir=tmp_path, turns=2)
+    systems = {row["system"]: row for row in result["rows"]}
+    assert bench_integrations.ADK_REFERENCE in systems and bench_integrations.PYDANTIC_REFERENCE in systems
+    assert {"adk EventLogSessionService (full)", "pydantic-ai EventLogConversationStore (full)"} <= set(systems)
+    assert systems[bench_integrations.ADK_REFERENCE]["ratio"] == 1.0
+    assert all(row["median_ms"] > 0 and row["store_median_ms"] > 0 for row in result["rows"])
+    print(bench_integrations.render(result))

@@ -22,6 +22,9 @@ DOCS = sorted((ROOT / "docs").rglob("*.md"))
 PAGES = [ROOT / "README.md", *DOCS]
 CLI_MD = ROOT / "docs" / "cli.md"
 
+NEEDS_SERVER = "<!-- examples need: postgresql -->"
+"""Pages whose examples need a PostgreSQL server: tests/test_projection_postgres.py runs them."""
+
 PYTHON_BLOCK = re.compile(r"^```python\n(.*?)^```", re.S | re.M)
 HELP_BLOCK = re.compile(r"<!-- help: (?P<name>[a-z ]*) -->\n```text\n(?P<text>.*?)```\n", re.S)
 
@@ -47,7 +50,18 @@ def commands() -> list[str]:
     return names
 
 
-@pytest.mark.parametrize("page", [p for p in PAGES if python_blocks(p)], ids=lambda p: p.name)
+def run_examples(page: Path, tmp_path: Path) -> None:
+    namespace: dict[str, object] = {"__name__": f"docs_{page.stem}", "tmp": str(tmp_path)}
+    for number, block in enumerate(python_blocks(page), start=1):
+        code = compile(block, f"{page.name} (python example {number})", "exec")
+        exec(code, namespace)
+
+
+@pytest.mark.parametrize(
+    "page",
+    [p for p in PAGES if python_blocks(p) and NEEDS_SERVER not in p.read_text(encoding="utf-8")],
+    ids=lambda p: p.name,
+)
 def test_python_examples_run(page, tmp_path, monkeypatch):
     """The blocks of a page run in order, in one namespace, in an empty working directory.
 
@@ -55,10 +69,7 @@ def test_python_examples_run(page, tmp_path, monkeypatch):
     without defining it).
     """
     monkeypatch.chdir(tmp_path)
-    namespace: dict[str, object] = {"__name__": f"docs_{page.stem}", "tmp": str(tmp_path)}
-    for number, block in enumerate(python_blocks(page), start=1):
-        code = compile(block, f"{page.name} (python example {number})", "exec")
-        exec(code, namespace)
+    run_examples(page, tmp_path)
 
 
 def test_every_page_with_examples_is_checked():
@@ -68,6 +79,8 @@ def test_every_page_with_examples_is_checked():
         assert not re.search(r"^```(py|python3|pycon)\s*$", text, re.M), f"{page.name}: use ```python fences"
     assert len(python_blocks(ROOT / "docs" / "integration.md")) >= 6
     assert len(python_blocks(ROOT / "docs" / "quickstart.md")) >= 3
+    for integration in ["pydantic-ai", "adk"]:
+        assert python_blocks(ROOT / "docs" / "integrations" / f"{integration}.md"), integration
 
 
 def test_cli_md_documents_every_command():
