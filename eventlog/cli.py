@@ -711,13 +711,22 @@ def verify(expect: list[LogHead], as_json: bool) -> None:
 
     On failure prints which event is wrong and what differs, and exits 1.
     """
-    with _open_log() as log, _progress() as bar:
-        task = bar.add_task("verify", total=None)
+    from .verify import verify_files
 
-        def advance(done: int, total: int) -> None:
-            bar.update(task, completed=done, total=max(total, 1))
+    try:
+        log = _open_log()
+    except EventLogError as e:  # damaged beyond opening: report the damaged pages the file shows
+        report = verify_files(_settings().log_path, e)
+        if not any(page.pgno for page in report.damaged_pages):
+            raise  # not an LMDB file at all, or nothing to point at: the error says it all
+    else:
+        with log, _progress() as bar:
+            task = bar.add_task("verify", total=None)
 
-        report = log.verify(progress=advance, expect=expect)
+            def advance(done: int, total: int) -> None:
+                bar.update(task, completed=done, total=max(total, 1))
+
+            report = log.verify(progress=advance, expect=expect)
     if as_json:
         _print_json(
             {
@@ -726,6 +735,9 @@ def verify(expect: list[LogHead], as_json: bool) -> None:
                 "sessions": report.sessions,
                 "messages": report.messages,
                 "problems": [{"seq": p.seq, "what": p.what} for p in report.problems],
+                "damaged_pages": [
+                    {"page": d.pgno, "table": d.table, "seqs": d.seqs, "what": d.what} for d in report.damaged_pages
+                ],
             }
         )
     elif report.ok:
@@ -737,6 +749,44 @@ def verify(expect: list[LogHead], as_json: bool) -> None:
         if len(report.problems) > 20:
             click.echo(f"  ... and {len(report.problems) - 20} more", err=True)
     if not report.ok:
+        sys.exit(1)
+
+
+@cli.command()
+@click.argument("damaged", type=click.Path(file_okay=False, exists=True))
+@click.argument("new", type=click.Path(file_okay=False))
+@click.option("--json", "as_json", is_flag=True, help="Print the salvage report as JSON.")
+def salvage(damaged: str, new: str, as_json: bool) -> None:
+    """Copy every provably intact event of the damaged log DAMAGED into a new log NEW.
+
+    DAMAGED is only read, as plain bytes (it need not open). Each event copied is proven
+    by the hash chain; the report names every seq and session that was lost. Exits 0
+    when nothing was lost, 1 when something was, 2 when nothing could be done.
+    """
+    from .salvage import salvage as salvage_log
+
+    try:
+        report = salvage_log(damaged, new)
+    except OSError as e:
+        _fail(f"cannot read {damaged}: {e}")
+    if as_json:
+        _print_json({**asdict(report), "lost_ranges": report.lost_ranges(), "complete": report.complete})
+    else:
+        click.echo(
+            f"{report.events_copied} of {report.known_end} events copied into {new} "
+            f"({report.events_found} found, {report.events_proven} proven intact); "
+            f"{len(report.sessions_copied)} session(s) whole; new log {'verifies' if report.verified else 'FAILS verify'}"
+        )
+        if report.lost_seqs:
+            ranges = ", ".join(f"{a}" if a == b else f"{a}-{b}" for a, b in report.lost_ranges())
+            click.echo(f"lost events: {ranges}", err=True)
+            if report.dropped_seqs:
+                click.echo(
+                    f"  ({len(report.dropped_seqs)} of them intact, but after a loss in their session)", err=True
+                )
+        for session, why in sorted(report.sessions.items()):
+            click.echo(f"  session {session!r}: {why}", err=True)
+    if not report.complete or not report.verified:
         sys.exit(1)
 
 

@@ -200,6 +200,7 @@ class EventLog:
         projections: Sequence[Projection] = (),
         project_in_background: bool = True,
         readonly: bool = False,
+        allow_shared_directory: bool = False,
     ) -> EventLog:
         """Open (creating when needed) the log in directory ``path``.
 
@@ -228,8 +229,21 @@ class EventLog:
         writing, the log is read without LMDB's reader table: a process writing the log at
         the same time is then not told which pages this reader uses and may reuse them, so
         such a reader is only consistent while nobody writes (a backup, a stopped service).
+
+        A directory that users other than this one can write (or that another user owns)
+        is refused with :class:`~eventlog.errors.UnsafeDirectoryError`, as is a symlink
+        or another user's file in place of the log's files: whoever can write the
+        directory could otherwise make this process write through a planted link.
+        ``allow_shared_directory=True`` trusts the directory (docs/reliability.md).
         """
-        store = Store(path, durability=durability, map_size=map_size, max_map_size=max_map_size, readonly=readonly)
+        store = Store(
+            path,
+            durability=durability,
+            map_size=map_size,
+            max_map_size=max_map_size,
+            readonly=readonly,
+            allow_shared_directory=allow_shared_directory,
+        )
         log = cls(
             store,
             ephemeral=ephemeral,
@@ -249,7 +263,14 @@ class EventLog:
     # -- lifecycle -------------------------------------------------------------
 
     def close(self) -> None:
-        """Bring the attached projections up to date, then close the log; it cannot be used afterwards."""
+        """Bring the attached projections up to date, then close the log; it cannot be used afterwards.
+
+        In a child process that inherited the log through ``fork()``, where every use of it
+        is refused, this only marks it closed: the log's files and locks stay the parent's.
+        """
+        if self._store.forked:
+            self._store.close()
+            return
         if self._projector is not None:
             self._projector.close()
         self._cache.clear()
@@ -671,9 +692,11 @@ class EventLog:
                     live = live[len(live) - last :] if last else []
                 out = reader.messages((bytes.fromhex(occurrences[i].digest), *occurrences[i].source) for i in live)
             elif last is not None:
+                reader.current(session_id, state)
                 start = max(0, state.length - last)
                 out = reader.messages(store.locations(txn, state.number, state.length, start))
             else:
+                reader.current(session_id, state)
                 with paused_gc(state.length):
                     found = reader.appended(state)
                     out = (

@@ -23,7 +23,7 @@ import msgspec
 
 from . import events as ev
 from .errors import CorruptLogError
-from .keys import HEADER, SEQ, STATE, SessionState, state_key
+from .keys import HEADER, SEQ, STATE, SessionState, chain_key, state_key
 from .store import Store
 
 
@@ -80,6 +80,11 @@ def paused_gc(count: int, threshold: int = 1000) -> Iterator[None]:
             gc.freeze()
             gc.unfreeze()
         gc.enable()
+
+
+RECENT_EVENTS = 64
+"""How many of the log's newest events a read of a live transcript looks at for a later event
+of the session than its index entry names (see :meth:`BodyReader.current`)."""
 
 
 class BodyReader:
@@ -191,6 +196,50 @@ class BodyReader:
             return ev.bodies_decoder.decode(memoryview(raw)[HEADER.size :])
         except msgspec.DecodeError as e:
             raise CorruptLogError(f"{self.store.path}: event {seq} holds no readable message bodies ({e})") from e
+
+    def current(self, session_id: str, state: SessionState) -> None:
+        """Check that ``state`` is the session's newest, as its events say, before it is used.
+
+        The state names the session's last event and that event's hash: the event must be
+        there, belong to the session and hash to it.  And none of the log's newest
+        :data:`RECENT_EVENTS` events may be a later event of the session.  So a state left
+        behind by a lost write of its index page is :class:`CorruptLogError`, never the
+        transcript from before an acknowledged write, as long as the session wrote within
+        the log's last :data:`RECENT_EVENTS` events; an older stale page is only found by
+        :func:`~eventlog.verify.verify`.  Costs one event hashed and a few cursor steps.
+        """
+        store, txn = self.store, self.txn
+        stale = CorruptLogError(
+            f"{store.path}: the index entry of session {session_id!r} is not the one its events "
+            "left (a lost or stale index page; run verify)"
+        )
+        if state.last_seq:
+            raw = store.raw_event(txn, state.last_seq)
+            if raw is None or len(raw) < HEADER.size or HEADER.unpack_from(raw)[3] != state.number:
+                raise stale
+            digest = sha256(SEQ.pack(state.last_seq))
+            digest.update(raw)
+            if digest.digest() != state.last_hash:
+                raise stale
+        # The live chain must end at the state's head, and not go on past its length.
+        if state.length and store.link(txn, state.number, state.length - 1)[0] != state.head:
+            raise stale
+        if txn.get(chain_key(state.number, state.length), db=store.index) is not None:
+            raise stale
+        cursor = txn.cursor(db=store.events)
+        if not cursor.last():
+            if state.last_seq:
+                raise stale
+            return
+        for _ in range(RECENT_EVENTS):
+            seq = store.seq_of(cursor.key())
+            if seq <= state.last_seq:
+                return
+            value = cursor.value()
+            if len(value) >= HEADER.size and HEADER.unpack_from(value)[3] == state.number:
+                raise stale
+            if not cursor.prev():
+                return
 
     def appended(self, state: SessionState) -> list[dict[str, Any]] | None:
         """The live transcript of a session that only ever appended, read from its events alone.

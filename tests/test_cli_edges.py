@@ -308,3 +308,21 @@ def test_long_work_shows_progress_on_a_terminal(tmp_path: Path, monkeypatch: pyt
     assert result.exit_code == 0, result.output
     shown = screen.getvalue()
     assert "reading" in shown and "writing 2000 messages to 1 session" in shown, shown
+
+
+def test_a_service_log_owned_by_another_user_reads_readonly(tmp_path: Path):
+    import os
+
+    if os.geteuid() != 0:
+        pytest.skip("changing a directory's owner needs root")
+    path = tmp_path / "log"
+    with EventLog.open(path) as log:
+        log.flush("s", [user("hello")])
+    for entry in [path, *path.iterdir()]:
+        os.chown(entry, 54321, 54321)
+    lock = (path / "lock.mdb").read_bytes()
+    with EventLog.open(path, readonly=True) as log:
+        assert log.messages("s") == [user("hello")]
+    assert (path / "lock.mdb").read_bytes() == lock  # opened for reading only
+    result = run("show", "s", log=path)
+    assert result.exit_code == 0 and "hello" in result.stdout, result.output
