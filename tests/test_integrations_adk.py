@@ -484,3 +484,31 @@ def test_bad_arguments_are_refused_with_what_was_wrong(tmp_path: Path) -> None:
         service = EventLogSessionService(log)
         with pytest.raises(TypeError, match="app_name must be a str"):
             asyncio.run(service.get_session(app_name=None, user_id="u", session_id="s"))  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(
+    ("module", "framework", "line"),
+    [
+        (
+            "eventlog.integrations.adk",
+            "google.adk.sessions",
+            "eventlog.integrations.adk needs google-adk: pip install 'agent-eventlog[adk]'",
+        ),
+        (
+            "eventlog.integrations.pydantic_ai",
+            "pydantic_ai.conversation_store",
+            "eventlog.integrations.pydantic_ai needs pydantic-ai: pip install 'agent-eventlog[pydantic-ai]'",
+        ),
+    ],
+)
+def test_without_its_framework_the_module_says_which_extra_to_install(module: str, framework: str, line: str) -> None:
+    code = (
+        "import sys\n"
+        f"sys.modules[{framework!r}] = None  # as if the framework were not installed\n"
+        "try:\n"
+        f"    import {module}\n"
+        "except ImportError as e:\n"
+        "    print(type(e).__name__, e)\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == f"MissingFrameworkError {line}"
