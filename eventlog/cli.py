@@ -1066,6 +1066,10 @@ def _write_whole(path: str, lines: Iterator[str]) -> None:
 
 # -- entry points -------------------------------------------------------------
 
+from . import audit_cli  # noqa: E402  (its commands join the group above)
+
+_ = audit_cli
+
 
 def main(argv: list[str] | None = None) -> None:
     """Run the command line (the ``eventlog`` console script)."""

@@ -758,6 +758,19 @@ class EventLog:
         """The events with ``seq > after``, in order (``seq`` is gapless from 1)."""
         return iter_events(self._store, after)
 
+    @staticmethod
+    def format_of(path: str | os.PathLike[str]) -> str | None:
+        """The format of the log in directory ``path`` ("1", "2", ...), None when there is none.
+
+        Opening a log of an earlier format for writing upgrades it (:mod:`eventlog.upgrade`).
+        """
+        return Store.format_of(path)
+
+    def tree_size(self) -> int:
+        """How many events the log's Merkle tree holds (all of them, once upgraded)."""
+        with self._store.read() as txn:
+            return self._store.tree.size(txn)
+
     def log_head(self) -> LogHead | None:
         """The newest event's seq and hash, to write down and check later; None for an empty log.
 

@@ -18,9 +18,10 @@ chain in memory from the events alone, and checks that
 from __future__ import annotations
 
 import re
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from hashlib import sha256
+from typing import Any
 
 import lmdb
 
@@ -29,7 +30,9 @@ from . import events as ev
 from .codec import ZERO
 from .errors import CorruptLogError
 from .keys import HEADER, LINK, SEQ, STATE, SessionState, event_hash
+from .merkle import Frontier, leaf_hash
 from .store import Store
+from .tree import leaf_input, node_key
 
 
 @dataclass(frozen=True, slots=True)
@@ -123,6 +126,7 @@ def verify(
     hashes: dict[int, bytes] = {}  # seq -> hash, for each session's last event
     with store.read() as txn:
         total = store.last_seq(txn)
+        tree = _TreeCheck(store, txn)
         cursor = txn.cursor(db=store.events)
         for key, raw in cursor:
             if len(problems) >= limit:
@@ -178,6 +182,7 @@ def verify(
             hashes[seq] = prev_hash
             _check_event(seq, event, chains, digests, problems, report)
             _track_notes(event, chains, notes)
+            tree.add(seq, raw, event)
             if progress is not None and report.events % 4096 == 0:
                 progress(report.events, total)
         if report.events != total:
@@ -187,10 +192,51 @@ def verify(
                 Problem(0, f"the log has no event {seq}, which was written down as its head (--expect): an older copy?")
             )
         _check_indexes(store, txn, chains, notes, numbers, last_of, hashes, problems)
+        tree.finish()
+        problems.extend(tree.problems)
     report.sessions = len(chains)
     if progress is not None:
         progress(report.events, total)
     return report
+
+
+class _TreeCheck:
+    """The Merkle tree recomputed from the events, compared node for node with the stored one.
+
+    Both produce their nodes in key order, so the stored tree is read with one cursor
+    alongside the walk over the events; the first difference is reported, once.
+    """
+
+    def __init__(self, store: Store, txn: Any) -> None:
+        self.problems: list[Problem] = []  # reported after the others: a tree follows from the events
+        problems = self.problems
+        self.frontier = Frontier()
+        self.failed = not store.tree.exists
+        if self.failed:
+            problems.append(Problem(0, "tree: the log predates its Merkle tree (format 1); run `eventlog migrate`"))
+            self.stored: Iterator[tuple[bytes, bytes]] = iter(())
+        else:
+            self.stored = store.tree.nodes(txn)
+
+    def add(self, seq: int, raw: bytes, event: ev.AnyEvent) -> None:
+        if self.failed:
+            return
+        if seq != self.frontier.size + 1:
+            self._fail(seq, "the tree cannot be checked past a gap in the events")
+            return
+        for level, index, h in self.frontier.append(leaf_hash(leaf_input(seq, raw, event))):
+            found = next(self.stored, None)
+            if found != (node_key(level, index), h):
+                self._fail(seq, f"the Merkle tree differs from the events (node {level}/{index})")
+                return
+
+    def finish(self) -> None:
+        if not self.failed and next(self.stored, None) is not None:
+            self._fail(0, f"tree: nodes beyond the {self.frontier.size} events of the log")
+
+    def _fail(self, seq: int, what: str) -> None:
+        self.failed = True
+        self.problems.append(Problem(seq, what))
 
 
 def _check_event(

@@ -9,6 +9,7 @@ outside the transaction.  Validation and hashing happen before, in
 
 from __future__ import annotations
 
+import os
 import struct
 from collections import deque
 from collections.abc import Mapping
@@ -25,6 +26,7 @@ from .errors import ConflictError, CorruptLogError, HistoryMismatchError, Unknow
 from .keys import LINK, SEQ, SessionState, chain_key, note_key
 from .snapshot import Prepared, bodies_from
 from .store import Batch, Store
+from .verifier import SALT_SIZE
 
 EMPTY_HEAD = "0" * 64
 """``expected_head`` value meaning "the session must be empty (or not exist yet)"."""
@@ -344,7 +346,14 @@ class Writer:
             )
         for position, note in sorted(annotate.items()):
             batch.emit(
-                ev.MessageAnnotated(session=session_id, position=position, node=nodes[position], override=note), state
+                ev.MessageAnnotated(
+                    session=session_id,
+                    position=position,
+                    node=nodes[position],
+                    override=note,
+                    salt=os.urandom(SALT_SIZE),
+                ),
+                state,
             )
             txn.put(note_key(state.number, position), nodes[position] + codec.encode(note), db=store.index)
         batch.save(session_id, state)
@@ -452,6 +461,7 @@ class Writer:
                 carried=carried,
                 overrides=notes,
                 summaries=summaries,
+                salts=os.urandom(SALT_SIZE * len(bodies)),
             ),
             state,
             sum(map(len, bodies)) + 80 * len(bodies),  # each body, its digest and node, framing
