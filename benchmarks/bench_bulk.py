@@ -145,7 +145,8 @@ def _sqlite_floor(root: Path, rebuilt: Path, repeats: int, count: int) -> dict[s
     import sqlite3
 
     from projections import SQLiteProjection
-    from projections.apply import INSERT_ROW, ROW_COLUMNS, ROWS_PER_WRITE, index_pending
+    from projections.core import ROW_COLUMNS, ROWS_PER_WRITE
+    from projections.sqlite_store import INSERT_ROW, index_pending
 
     source = sqlite3.connect(rebuilt)
     prebuilt = source.execute(f"SELECT {', '.join(ROW_COLUMNS)} FROM messages ORDER BY id").fetchall()

@@ -51,6 +51,7 @@ def all_systems() -> list[sy.System]:
         sy.EventLogSystem(projection="search"),
         sy.EventLogSystem(trust=True, projection="search"),
         sy.EventLogSystem(),
+        sy.EventLogSystem(pure_python=True),
         sy.EventLogSystem(trust=True),
         sy.EventLogSystem(durability="process", trust=True),
         sy.EventLogSystem(durability="process"),

@@ -43,8 +43,7 @@ from typing import Any
 import lmdb
 import msgspec
 
-from eventlog import EventLog
-from eventlog.snapshot import copy_message
+from eventlog import EventLog, snapshot
 
 Message = dict[str, Any]
 PAIR = struct.Struct(">QQ")
@@ -106,9 +105,16 @@ class EventLogSystem(System):
     """
 
     def __init__(
-        self, *, durability: str = "full", mode: str = "flush", trust: bool = False, projection: str | None = None
+        self,
+        *,
+        durability: str = "full",
+        mode: str = "flush",
+        trust: bool = False,
+        projection: str | None = None,
+        pure_python: bool = False,
     ) -> None:
         self.mode = mode
+        self.pure_python = pure_python  # the default mode's edit check without its C accelerator
         self.trust = trust
         self.projection_mode = projection
         self.durability = DURABILITY_TEXT[durability] + (
@@ -122,7 +128,7 @@ class EventLogSystem(System):
             "rows": " +projection rows current",
             "search": " +projection+search current",
         }[projection]
-        self.name = f"eventlog {label} [{durability}]{suffix}"
+        self.name = f"eventlog {label} [{durability}]{suffix}" + (", pure-Python check" if pure_python else "")
         self.log: EventLog | None = None
         self.projection: Any = None
 
@@ -141,6 +147,17 @@ class EventLogSystem(System):
         )
 
     def turn(self, session_id: str, messages: list[Message], new: list[Message]) -> None:
+        assert self.log is not None
+        if self.pure_python:
+            accelerated, snapshot.ACCELERATED = snapshot.ACCELERATED, False
+            try:
+                self._turn(session_id, messages, new)
+            finally:
+                snapshot.ACCELERATED = accelerated
+        else:
+            self._turn(session_id, messages, new)
+
+    def _turn(self, session_id: str, messages: list[Message], new: list[Message]) -> None:
         assert self.log is not None
         if self.mode == "append":
             self.log.append(session_id, new)
@@ -525,17 +542,14 @@ class Preallocation:
 
 class InPlaceCheckFloor(BareLMDBSystem):
     """What a snapshot flush that must notice in-place edits costs at least: every held message
-    compared with a copy of it, then a content-addressed commit of the turn (as ``addressed``).
+    checked against what it was, then a content-addressed commit of the turn (as ``addressed``).
 
-    The comparison is one C ``==`` of the caller's list with copies that share the caller's
-    strings (no text is read) and hold each number that another number could equal (``1``,
-    ``True``, ``1.0``, ``0.0`` and ``-0.0``) in the product's own exact wrapper
-    (:func:`eventlog.snapshot.copy_message`), so it catches every edit the product catches:
-    a plain ``==`` would take ``True`` for ``1`` and ``-0.0`` for ``0.0``, whose canonical bytes
-    differ.  The copies are made untimed, when a message first arrives.  Any check that an
-    edited dict cannot slip past has to read every held dict once; this reads each once, plus
-    its copy, and nothing else.  ``check=False`` leaves the comparison out (for
-    :class:`TranscriptFloor`).
+    The check is the product's own (:func:`eventlog.snapshot.remember` when a message first
+    arrives, untimed, and :func:`~eventlog.snapshot.first_changed` over the caller's list, in C
+    where it was built): it reads every held dict once, compares leaves by identity (no text is
+    read) and numbers exactly, so it catches every edit the product catches (a plain ``==``
+    would take ``True`` for ``1`` and ``-0.0`` for ``0.0``, whose canonical bytes differ) and
+    does nothing else.  ``check=False`` leaves it out (for :class:`TranscriptFloor`).
     """
 
     def __init__(self, durability: str = "full", *, check: bool = True) -> None:
@@ -546,10 +560,10 @@ class InPlaceCheckFloor(BareLMDBSystem):
 
     def prepare(self, session_id: str, messages: list[Message], new: list[Message]) -> None:
         if self.check:
-            self.copies.extend(map(copy_message, new))
+            self.copies.extend(map(snapshot.remember, new))
 
     def turn(self, session_id: str, messages: list[Message], new: list[Message]) -> None:
-        if self.check and self.copies != messages:
+        if self.check and snapshot.first_changed(self.copies, messages, 0, len(messages)) < len(messages):
             raise AssertionError("a held message changed under the benchmark")
         super().turn(session_id, messages, new)
 
@@ -571,8 +585,8 @@ class TranscriptFloor(InPlaceCheckFloor):
         if reason:
             raise Skip(reason)
         from projections import SQLiteProjection
-        from projections.apply import INSERT_ROW, index_pending
         from projections.rows import derive
+        from projections.sqlite_store import INSERT_ROW, index_pending
 
         super().open(directory)
         self.projection = SQLiteProjection(directory / "transcript.db")  # the projection's schema and settings

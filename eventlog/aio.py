@@ -288,9 +288,14 @@ class AsyncEventLog:
         """:meth:`EventLog.sync_projections`, awaited."""
         return await self._call((), self._log.sync_projections, timeout)
 
-    async def run(self, fn: Callable[..., T], /, *args: Any, **kwargs: Any) -> T:
-        """``fn(*args, **kwargs)`` on one of the log's workers (for a few sync calls in a row)."""
-        return await self._call((), fn, *args, **kwargs)
+    async def run(self, fn: Callable[..., T], /, *args: Any, sessions: Iterable[str] = (), **kwargs: Any) -> T:
+        """``fn(*args, **kwargs)`` on one of the log's workers: several calls of :attr:`sync` in a row
+        for one hop to a worker (adapters use it for read-then-write steps).
+
+        ``sessions`` names the sessions ``fn`` writes: it runs after the calls of those sessions
+        made before it, and the calls made after it wait for it, as for the methods above.
+        """
+        return await self._call(tuple(sessions), fn, *args, **kwargs)
 
     # -- the one way a call reaches a worker ---------------------------------------
 

@@ -25,6 +25,15 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger("eventlog")
 
+COALESCE_WRITES = 16
+COALESCE_LAG = 0.005
+"""Before a catch-up round, the projector gathers writes: it starts the round once this many
+have arrived, or this many seconds after it was ready for one, or at once when a reader waits
+(the projection's own read methods, ``sync_projections``), so one round's fixed costs (a SQLite
+transaction, its checkpoint, the search index's batch) serve many writes.  Readers of the
+database itself see a write's rows at most this much later than the round before would have
+let them."""
+
 RETRY_MIN = 0.05
 RETRY_MAX = 5.0
 """Seconds before a failed catch-up is tried again by itself: from the first, doubling to the second."""
@@ -67,6 +76,8 @@ class Projector:
         self._pause = 0.0  # before the next round after a failed one
         self._stopping = False
         self._stopped = False
+        self._pokes = 0  # writes poked since the last round began
+        self._readers = 0  # callers in wait(): a round starts at once for them
         self._thread = threading.Thread(target=self._run, name="eventlog-projector", daemon=True)
         self._thread.start()
 
@@ -75,7 +86,9 @@ class Projector:
         with self._lock:
             if seq > self._wanted:
                 self._wanted = seq
-                self._cond.notify_all()
+                self._pokes += 1
+                if self._pokes == 1 or self._pokes >= COALESCE_WRITES:
+                    self._cond.notify_all()
 
     def wait(self, timeout: float | None = None, projection: Projection | None = None) -> bool:
         """Block until every write poked so far has been applied (to ``projection``, or to all).
@@ -93,7 +106,15 @@ class Projector:
             return None if deadline is None else max(0.0, deadline - time.monotonic())
 
         with self._lock:
-            target = self._wanted
+            self._readers += 1
+            self._cond.notify_all()
+            try:
+                return self._wait_for(target=self._wanted, projection=projection, left=left)
+            finally:
+                self._readers -= 1
+
+    def _wait_for(self, *, target: int, projection: Projection | None, left: Callable[[], float | None]) -> bool:
+        with self._lock:
             if self._fails(projection) and self._running():
                 rounds = self._rounds
                 self._retry = True
@@ -127,12 +148,18 @@ class Projector:
     def _due(self) -> bool:
         return self._wanted > self._done or self._stopping or (self._retry and bool(self._failing))
 
+    def _no_more_gathering(self) -> bool:
+        return self._readers > 0 or self._stopping or self._pokes >= COALESCE_WRITES
+
     def _run(self) -> None:
         try:
             while True:
                 with self._lock:
                     # After a failed round, the pause running out is due too.
                     self._cond.wait_for(self._due, self._pause if self._failing else None)
+                    if not self._failing:  # gather more writes for this round (see COALESCE_WRITES)
+                        self._cond.wait_for(self._no_more_gathering, COALESCE_LAG)
+                    self._pokes = 0
                     self._retry = False
                     if self._wanted <= self._done and not self._failing:
                         if self._stopping:

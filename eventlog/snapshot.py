@@ -8,11 +8,10 @@ while it is cached) with each message's digests, and its canonical bytes until
 they are stored (see :func:`release`).
 
 - Default mode: the message at each position flushed before (the same dict, or a
-  fresh one) is compared with a *copy* of the containers of the message flushed
-  there.  The copy shares the caller's strings, so the comparison runs in C and
-  never reads the text; numbers compare by type, value and sign.  Every in-place
-  edit is detected, and anything the comparison cannot vouch for is re-encoded and
-  re-hashed.
+  fresh one) is checked against a *record* of what it was when it was flushed (see
+  :func:`remember`): its leaves compared by identity, so the check never reads the
+  text, and numbers by type, value and sign.  Every in-place edit is detected, and
+  anything the check cannot vouch for is re-encoded and re-hashed.
 - Trust mode (``trust_identity=True``): the caller promises never to mutate a
   flushed message; the same object (or a dict equal to it) is reused without a
   look inside, so a flush costs what its new messages cost.
@@ -23,6 +22,7 @@ stored is always decided against the log itself.
 
 from __future__ import annotations
 
+import os
 import threading
 from bisect import bisect_left
 from collections import OrderedDict
@@ -77,7 +77,7 @@ class Prepared:
     flags: list[bool] = field(default_factory=list)
     """Per caller index: whether the message was scaffolding."""
     copies: list[Any] = field(default_factory=list)
-    """Per caller index: a copy of the message's containers (see :func:`copy_message`), or
+    """Per caller index: what :func:`remember` made of the message, or
     :data:`PENDING` until a later flush has checked the message against ``fast`` (a session
     flushed once, like a bulk import, never pays for copies), or :data:`UNCOPYABLE`
     (default mode only)."""
@@ -269,7 +269,7 @@ def _extend(
     for index in range(reuse, len(raw)):
         message = raw[index]
         if copying:
-            copies_out(copy_message(message))
+            copies_out(remember(message))
         try:
             fast: bytes | None = encode(message)
         except Exception:  # _ keys may hold process-local objects; only canonical bytes matter
@@ -318,7 +318,7 @@ def _extend_batch(out: Prepared, reuse: int, parent: bytes, chain: bool, copying
     batch = out.raw[reuse:]
     if not all([type(message) is dict for message in batch]):
         return False
-    copies = [copy_message(message) for message in batch] if copying else None  # before encoding
+    copies = [remember(message) for message in batch] if copying else None  # before encoding
     try:
         bodies = list(map(codec.encode, batch))
     except Exception:
@@ -453,6 +453,35 @@ class _Uncopyable(Exception):
     pass
 
 
+try:
+    from . import _check
+except ImportError:  # built without a C compiler: the pure-Python check gives the same answers
+    _check = None  # type: ignore[assignment, unused-ignore]
+
+ACCELERATED = _check is not None and not os.environ.get("EVENTLOG_PURE_PYTHON")
+"""Whether the default mode's edit check runs in C (``eventlog._check``).  The pure-Python
+check (copies compared with ``==``) gives the same answers; ``EVENTLOG_PURE_PYTHON=1`` in the
+environment selects it."""
+
+
+def remember(message: Any) -> Any:
+    """What a later flush compares ``message`` with to tell whether it changed in place: a C
+    record (see ``eventlog/_check.c``) when :data:`ACCELERATED`, else :func:`copy_message`;
+    :data:`UNCOPYABLE` for a message that holds anything but JSON-like values."""
+    if ACCELERATED:
+        found = _check.record(message, MAX_DEPTH)
+        return UNCOPYABLE if found is None else found
+    return copy_message(message)
+
+
+def first_changed(remembered: list[Any], messages: list[Any], start: int, stop: int) -> int:
+    """The first index in ``start..stop-1`` whose message is not what :func:`remember` saw
+    (or was not remembered: :data:`PENDING`, :data:`UNCOPYABLE`), else ``stop``."""
+    if ACCELERATED:
+        return int(_check.first_changed(remembered, messages, start, stop))
+    return _first_unequal(remembered, messages, start, stop)
+
+
 def copy_message(message: Any) -> Any:
     """A copy of ``message``'s dicts, lists and tuples that shares its strings.
 
@@ -482,9 +511,12 @@ def _copy(value: Any, depth: int) -> Any:
     if depth > MAX_DEPTH:
         raise _Uncopyable
     if kind is dict:
-        return {
+        copied = {
             key: item if type(item) is str or item is None else _copy(item, depth + 1) for key, item in value.items()
         }
+        if not all([type(key) is str for key in copied]):
+            raise _Uncopyable  # as the C record: only string keys (a JSON object's)
+        return copied
     if kind is list:
         return [item if type(item) is str or item is None else _copy(item, depth + 1) for item in value]
     if kind is tuple:
@@ -510,19 +542,22 @@ def _reusable(raw: list[Any], previous: Prepared | None, trust_identity: bool, o
         return _first_unequal(old, raw, 0, same)
     # A dict may have been edited in place, or replaced by a fresh one: compare with the copies.
     copies = previous.copies
-    if same == len(copies) and _leading_equal(copies, raw, owned):
+    if ACCELERATED:
+        if same == len(copies) and _check.first_changed(copies, raw, 0, same) == same:
+            return same
+    elif same == len(copies) and _leading_equal(copies, raw, owned):
         return same
     start = min(previous.dropped, same)
     for index in range(start):  # no copies kept: check what they encode to
         if not _encodes_as_before(raw[index], index, previous):
             return index
-    while (start := _first_unequal(copies, raw, start, same)) < same:
+    while (start := first_changed(copies, raw, start, same)) < same:
         copy = copies[start]
         if copy is not PENDING and copy is not UNCOPYABLE and copy is not DROPPED:
             return start  # changed in place (or only in a way hashing it again will show is harmless)
         message = raw[start]
         # Copied before it is checked: an edit racing with this flush then differs from the copy.
-        fresh = copy_message(message) if copy is PENDING else copy
+        fresh = remember(message) if copy is PENDING else copy
         if not _encodes_as_before(message, start, previous):
             return start
         # Unchanged since it was flushed: from now on a comparison checks it.  (Writing into

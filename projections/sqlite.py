@@ -21,14 +21,12 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any
 
-from eventlog.events import MessagesAppended
-
-from . import schema
-from .apply import Applier, index_pending
-from .errors import InvalidQueryError, LogMismatchError, ProjectionCorruptError, ProjectionError
+from . import core, schema
+from .core import Applier, Checkpoint, Source
+from .errors import InvalidQueryError, ProjectionError
+from .sqlite_store import SQLiteStore, index_pending
 
 if TYPE_CHECKING:
-    from eventlog import EventLog
     from eventlog.store import Record
 
 BUSY_TIMEOUT = 60
@@ -142,7 +140,7 @@ class SQLiteProjection:
 
     # -- writing ---------------------------------------------------------------
 
-    def catch_up(self, log: EventLog) -> int:
+    def catch_up(self, log: Source) -> int:
         """Apply the log's events after the checkpoint; return how many were applied.
 
         Uses only ``log.id``, ``log.last_seq`` and ``log.events(after=...)``.  Events are applied in
@@ -157,29 +155,22 @@ class SQLiteProjection:
         """
         with self._lock, self._translate():
             log_id = log.id
-            owner, after, _ = self._checkpoint()
-            if owner is None:
+            checkpoint = self._read_checkpoint()
+            core.check_source(self.path, checkpoint, log)
+            if checkpoint.log_id is None:
                 with self._write():  # the projection belongs to this log from now on
                     self._claim(log_id)
-            elif owner != log_id:
-                raise self._mismatch(owner, log_id)
-            if after > log.last_seq:
-                raise LogMismatchError(
-                    f"{self.path}: this projection has applied events up to {after}, but the log ends at "
-                    f"{log.last_seq} (restored from an older copy?); rebuild(log) to project it again"
-                )
             applied = 0
-            records = iter(log.events(after=after))
-            for chunk in self._chunks(records):
+            for chunk in core.chunks(log.events(after=checkpoint.last_seq), self.batch):
                 with self._write():
                     self._claim(log_id)
-                    _, last, indexed = self._checkpoint()
-                    applier = Applier(self._db, indexed)
-                    applied += self._apply_chunk(applier, last, chunk)
+                    checkpoint = self._read_checkpoint()
+                    store = SQLiteStore(self._db, self._checkpoint()[2])
+                    applied += self._apply_chunk(store, Applier(store), checkpoint, chunk)
                     self._index(force=False)
             return applied
 
-    def rebuild(self, log: EventLog, *, exclusive: bool | None = None) -> int:
+    def rebuild(self, log: Source, *, exclusive: bool | None = None) -> int:
         """Drop every table and project ``log`` from its first event; return the events applied.
 
         All of it is one transaction: readers see the old projection until the new one
@@ -205,21 +196,23 @@ class SQLiteProjection:
                 if alone:
                     self._back_to_wal()
 
-    def _rebuild(self, log: EventLog) -> int:
+    def _rebuild(self, log: Source) -> int:
         """The body of :meth:`rebuild`, inside its transaction."""
         schema.drop(self._db)
         schema.create(self._db)
         self._db.execute("UPDATE checkpoint SET log_id = ?", (log.id,))
         # One applier for the whole transaction: sessions stay in memory, and each bulk
         # of rows is indexed on a helper thread while the next one is derived.
-        applier = Applier(self._db, 0, fresh=True, background=True)
+        store = SQLiteStore(self._db, 0, background=True)
+        applier = Applier(store, fresh=True)
+        checkpoint = Checkpoint(log.id)
         applied = 0
-        records = iter(log.events(after=0))
         try:
-            for chunk in self._chunks(records):
-                applied += self._apply_chunk(applier, applied, chunk)
+            for chunk in core.chunks(log.events(after=0), self.batch):
+                applied += self._apply_chunk(store, applier, checkpoint, chunk)
+                checkpoint = self._read_checkpoint()
         except BaseException:
-            applier.settle()  # the connection must be free before the rollback
+            store.settle()  # the connection must be free before the rollback
             raise
         self._index(force=True)
         return applied
@@ -315,45 +308,21 @@ class SQLiteProjection:
 
     # -- internals -------------------------------------------------------------
 
-    def _apply_chunk(self, applier: Applier, last: int, chunk: list[Record]) -> int:
-        """Apply the events of ``chunk`` after seq ``last`` inside the open transaction.
+    def _apply_chunk(self, store: SQLiteStore, applier: Applier, checkpoint: Checkpoint, chunk: list[Record]) -> int:
+        """Apply the events of ``chunk`` after ``checkpoint`` inside the open transaction.
 
         Records the checkpoint (and how far the search index got) with the rows;
         returns how many events were new (another process may have applied some).
         """
-        fresh = [record for record in chunk if record.seq > last]
-        if not fresh:
+        last = core.apply_chunk(self.path, applier, checkpoint, chunk, (sqlite3.Error,))
+        store.finish()
+        if last is None:
             return 0
-        if last and fresh[0].seq == last + 1:
-            applied = self._db.execute("SELECT last_hash FROM checkpoint").fetchone()[0]
-            if applied is not None and fresh[0].prev_hash != applied:
-                raise LogMismatchError(
-                    f"{self.path}: event {last + 1} of the log does not follow the event {last} this "
-                    "projection applied: the log's history differs (restored from an older copy?); "
-                    "rebuild(log) to project it again"
-                )
-        expected = last + 1
-        for record in fresh:
-            if record.seq != expected:
-                raise ProjectionCorruptError(
-                    f"{self.path}: expected event {expected} after the checkpoint, got {record.seq}"
-                )
-            try:
-                applier.apply(record)
-            except (sqlite3.Error, ProjectionError):
-                raise
-            except Exception as e:  # a value the tables cannot take: name the event
-                raise ProjectionError(
-                    f"{self.path}: event {record.seq} ({type(record.event).__name__}) could not be "
-                    f"applied: {type(e).__name__}: {e}"
-                ) from e
-            expected += 1
-        applier.finish()
         self._db.execute(
             "UPDATE checkpoint SET last_seq = ?, last_hash = ?, indexed_upto = ?",
-            (fresh[-1].seq, fresh[-1].hash, applier.indexed_upto),
+            (last.seq, last.hash, store.indexed_upto),
         )
-        return len(fresh)
+        return last.seq - checkpoint.last_seq
 
     def _journal_alone(self) -> bool:
         """Switch to rollback-journal mode if no other connection has the file open.
@@ -392,7 +361,7 @@ class SQLiteProjection:
         if owner is None:
             self._db.execute("UPDATE checkpoint SET log_id = ?", (log_id,))
         elif owner != log_id:
-            raise self._mismatch(owner, log_id)
+            raise core.mismatch(self.path, owner, log_id)
 
     def _index(self, *, force: bool) -> int:
         """Feed the search index (inside the open transaction) when enough rows wait."""
@@ -409,36 +378,13 @@ class SQLiteProjection:
         ).fetchone()
         return max(0, top - indexed)
 
-    def _chunks(self, records: Iterator[Record]) -> Iterator[list[Record]]:
-        """``records`` in chunks of about ``batch`` messages (an event counts at least one).
-
-        A chunk ends only where one write of the log ends, so that readers of the file never
-        see part of one (a compaction's tombstones without the summary that replaces them).
-        The events of one write carry the same time; another write's is a different one (or,
-        if it came in the same nanosecond, the chunk only grows).  A clock that does not
-        move at all (frozen in a test) is bounded too: a chunk ends at 8 times ``batch``.
-        """
-        chunk: list[Record] = []
-        size = 0
-        for record in records:
-            if size >= self.batch and (record.time_ns != chunk[-1].time_ns or size >= 8 * self.batch):
-                yield chunk
-                chunk, size = [], 0
-            chunk.append(record)
-            event = record.event
-            size += max(1, len(event.bodies)) if type(event) is MessagesAppended else 1
-        if chunk:
-            yield chunk
-
     def _checkpoint(self) -> tuple[str | None, int, int]:
         owner, last, indexed = self._db.execute("SELECT log_id, last_seq, indexed_upto FROM checkpoint").fetchone()
         return owner, last, indexed
 
-    def _mismatch(self, owner: str, log_id: str) -> LogMismatchError:
-        return LogMismatchError(
-            f"{self.path}: this projection belongs to log {owner}, not {log_id}; "
-            "use another file or rebuild(log) to replace it"
-        )
+    def _read_checkpoint(self) -> Checkpoint:
+        owner, last, last_hash = self._db.execute("SELECT log_id, last_seq, last_hash FROM checkpoint").fetchone()
+        return Checkpoint(owner, last, last_hash)
 
     def _caught_up(self) -> None:
         """Before a read: wait until the log's writes so far are applied (when attached).

@@ -30,3 +30,47 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     skipped = reporter.stats.get("skipped", []) if reporter is not None else []
     if IN_CI and skipped and exitstatus == 0:
         session.exitstatus = pytest.ExitCode.TESTS_FAILED
+
+
+# -- PostgreSQL ------------------------------------------------------------------
+
+POSTGRES_ENV = "EVENTLOG_TEST_POSTGRES"
+"""The DSN of a PostgreSQL server for the tests (.ci/run starts one); without it the tests
+start a throwaway cluster with scripts/pg_cluster.sh, or skip when none can start."""
+
+
+@pytest.fixture(scope="session")
+def postgres_dsn() -> Iterator[str]:
+    import subprocess
+    import tempfile
+
+    given = os.environ.get(POSTGRES_ENV)
+    if given:
+        yield given
+        return
+    script = Path(__file__).resolve().parent.parent / "scripts" / "pg_cluster.sh"
+    # Not under pytest's temporary folder: the server runs as another user, who must reach it.
+    folder = Path(tempfile.mkdtemp(prefix="eventlog-test-pg-")) / "cluster"
+    started = subprocess.run(["bash", str(script), "start", str(folder)], capture_output=True, text=True)
+    if started.returncode != 0:
+        reason = (started.stderr.strip().splitlines() or ["no reason given"])[-1]
+        pytest.skip(f"no PostgreSQL server: set {POSTGRES_ENV} or install PostgreSQL ({reason})")
+    try:
+        yield started.stdout.strip()
+    finally:
+        subprocess.run(["bash", str(script), "stop", str(folder)], capture_output=True)
+        folder.parent.rmdir()
+
+
+@pytest.fixture
+def pg_schema(postgres_dsn: str, request: pytest.FixtureRequest) -> Iterator[str]:
+    """A PostgreSQL schema of this test's own, dropped afterwards."""
+    import re
+    import uuid
+
+    import psycopg
+
+    name = re.sub(r"[^a-z0-9_]", "_", request.node.name.lower())[:40] + "_" + uuid.uuid4().hex[:8]
+    yield name
+    with psycopg.connect(postgres_dsn, autocommit=True) as conn:
+        conn.execute(f'DROP SCHEMA IF EXISTS "{name}" CASCADE')

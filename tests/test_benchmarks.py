@@ -17,7 +17,15 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:  # pytest run from elsewhere than the repository root
     sys.path.insert(0, str(ROOT))
 
-from benchmarks import bench_bulk, bench_commit, bench_concurrency, bench_flush, bench_reflush  # noqa: E402
+from benchmarks import (  # noqa: E402
+    bench_bulk,
+    bench_commit,
+    bench_concurrency,
+    bench_flush,
+    bench_memory,
+    bench_projection,
+    bench_reflush,
+)
 from benchmarks import run as runner  # noqa: E402
 from benchmarks.harness import summary  # noqa: E402
 from benchmarks.workload import MESSAGES_PER_TURN, Workload  # noqa: E402
@@ -127,13 +135,34 @@ def test_concurrency_scenario(tmp_path: Path) -> None:
     print(bench_concurrency.render(result))
 
 
+def test_memory_scenario(tmp_path: Path) -> None:
+    result = bench_memory.run(scratch_dir=tmp_path, messages=200)
+    sizes = {row["system"]: row["bytes_per_message"] for row in result["rows"]}
+    assert "flush cache, trust mode" in sizes and "flush cache, default, pure-Python check" in sizes
+    # A default-mode cache also remembers what each message was: it holds more than trust mode's.
+    assert all(size > sizes["flush cache, trust mode"] for name, size in sizes.items() if "trust" not in name)
+    print(bench_memory.render(result))
+
+
+def test_projection_scenario(tmp_path: Path) -> None:
+    result = bench_projection.run(scratch_dir=tmp_path, messages=60)
+    _check_rows(result["rows"])
+    names = [row["system"] for row in result["rows"]]
+    assert names[0] == bench_projection.ALONE and result["rows"][0]["x_alone"] == 1
+    if not result["skipped"]:
+        assert names[1:] == [bench_projection.GATHERED, bench_projection.PER_WRITE]
+    print(bench_projection.render(result))
+
+
 def test_runner_writes_report_json_and_plots(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    flush, reflush, commit, bulk, concurrency = (
+    flush, reflush, commit, bulk, concurrency, memory, projection = (
         bench_flush.run,
         bench_reflush.run,
         bench_commit.run,
         bench_bulk.run,
         bench_concurrency.run,
+        bench_memory.run,
+        bench_projection.run,
     )
     tiny = {
         "flush": lambda **kw: flush(messages=20, **kw),
@@ -141,6 +170,8 @@ def test_runner_writes_report_json_and_plots(tmp_path: Path, monkeypatch: pytest
         "commit": lambda **kw: commit(messages=10, modes=("none",), **kw),
         "bulk": lambda **kw: bulk(messages=100, repeats=1, **kw),
         "concurrency": lambda **kw: concurrency(turns=1, threads=(1,), processes=(), **kw),
+        "memory": lambda **kw: memory(messages=30, **kw),
+        "projection": lambda **kw: projection(messages=40, **kw),
     }
     for name, module in runner.SCENARIOS.items():
         monkeypatch.setattr(module, "run", tiny[name])

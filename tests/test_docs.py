@@ -17,7 +17,7 @@ from click.testing import CliRunner
 from eventlog.cli import cli
 
 ROOT = Path(__file__).resolve().parent.parent
-DOCS = sorted((ROOT / "docs").glob("*.md"))
+DOCS = sorted((ROOT / "docs").rglob("*.md"))
 PAGES = [ROOT / "README.md", *DOCS]
 CLI_MD = ROOT / "docs" / "cli.md"
 

@@ -24,7 +24,7 @@ from hypothesis import strategies as st
 from test_projection_sqlite import dump
 
 from eventlog import EventLog
-from projections import SQLiteProjection, apply
+from projections import SQLiteProjection, core
 
 WORDS = ["alpha", "bravo", "cedar", "delta", "ember", "fjord", "gamma", "haze", "iris", "jade"]
 SESSIONS = ["s0", "s1", "s2"]
@@ -157,17 +157,17 @@ def live_words(proj: SQLiteProjection, sessions: list[str]) -> dict[str, set[tup
 @given(
     st.lists(st.tuples(operation, projection_step), min_size=1, max_size=25),
     st.integers(1, 20),
-    st.sampled_from([1, 2, 5, apply.ROWS_PER_WRITE]),
+    st.sampled_from([1, 2, 5, core.ROWS_PER_WRITE]),
 )
 def test_incremental_with_restarts_equals_rebuild(
     steps: list[tuple[tuple[Any, ...], tuple[Any, ...]]], rebuild_batch: int, rows_per_write: int
 ) -> None:
     # Small row batches exercise the indexing of bulk rows as they are written, on tiny histories.
-    default, apply.ROWS_PER_WRITE = apply.ROWS_PER_WRITE, rows_per_write
+    default, core.ROWS_PER_WRITE = core.ROWS_PER_WRITE, rows_per_write
     try:
         check_history(steps, rebuild_batch)
     finally:
-        apply.ROWS_PER_WRITE = default
+        core.ROWS_PER_WRITE = default
 
 
 def check_history(steps: list[tuple[tuple[Any, ...], tuple[Any, ...]]], rebuild_batch: int) -> None:

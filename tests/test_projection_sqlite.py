@@ -454,7 +454,7 @@ def test_catch_up_chunks_stay_bounded_when_the_clock_stands_still(
         monkeypatch.setattr(
             proj,
             "_apply_chunk",
-            lambda applier, last, chunk: sizes.append(len(chunk)) or apply_chunk(applier, last, chunk),
+            lambda store, applier, last, chunk: sizes.append(len(chunk)) or apply_chunk(store, applier, last, chunk),
         )
         assert proj.catch_up(log) == log.last_seq
         proj.close()
@@ -614,10 +614,10 @@ class _LateThread(threading.Thread):
 
 
 def _late_helpers(monkeypatch: pytest.MonkeyPatch) -> None:
-    from projections import apply
+    from projections import core, sqlite_store
 
-    monkeypatch.setattr(apply, "ROWS_PER_WRITE", 1)  # a bulk, and a helper, per event
-    monkeypatch.setattr(apply, "threading", types.SimpleNamespace(Thread=_LateThread))
+    monkeypatch.setattr(core, "ROWS_PER_WRITE", 1)  # a bulk, and a helper, per event
+    monkeypatch.setattr(sqlite_store, "threading", types.SimpleNamespace(Thread=_LateThread))
 
 
 def _index_is_sound(proj: SQLiteProjection) -> None:
@@ -646,7 +646,7 @@ def test_a_rebuild_waits_for_its_index_helper(
 def test_a_rebuild_failing_beside_its_index_helper_leaves_the_old_projection(
     tmp_path: Path, log: EventLog, proj: SQLiteProjection, monkeypatch: pytest.MonkeyPatch, where: str, exclusive: bool
 ) -> None:
-    from projections import apply
+    from projections import core, sqlite_store
 
     for turn in range(1, 8):
         log.flush("s", [user(f"m{i}") for i in range(turn)])
@@ -655,19 +655,19 @@ def test_a_rebuild_failing_beside_its_index_helper_leaves_the_old_projection(
     _late_helpers(monkeypatch)
     if where == "index":
         monkeypatch.setattr(
-            apply, "INDEX_PENDING", apply.INDEX_PENDING.replace("tool_text FROM", "no_such_column FROM")
+            sqlite_store, "INDEX_PENDING", sqlite_store.INDEX_PENDING.replace("tool_text FROM", "no_such_column FROM")
         )
         with pytest.raises(ProjectionError, match="no_such_column"):
             proj.rebuild(log, exclusive=exclusive)
     else:  # the rows of the last event cannot be derived, while the previous event's are indexed
-        derive = apply.derive
+        derive = core.derive
 
         def failing(message: dict[str, Any], override: Any) -> Any:
             if message["content"] == "m6":
                 raise ValueError("underivable")
             return derive(message, override)
 
-        monkeypatch.setattr(apply, "derive", failing)
+        monkeypatch.setattr(core, "derive", failing)
         with pytest.raises(
             ProjectionError, match=r"event \d+ \(MessagesAppended\) could not be applied: ValueError: underivable"
         ):
@@ -1042,9 +1042,9 @@ def test_search_index_trails_by_at_most_search_lag(tmp_path: Path, log: EventLog
 def test_waiting_rows_are_indexed_in_chunks_past_tombstoned_ones(
     tmp_path: Path, log: EventLog, monkeypatch: pytest.MonkeyPatch, chunk: int
 ) -> None:
-    from projections import apply
+    from projections import sqlite_store
 
-    monkeypatch.setattr(apply, "INDEX_CHUNK", chunk)
+    monkeypatch.setattr(sqlite_store, "INDEX_CHUNK", chunk)
     proj = SQLiteProjection(tmp_path / "p.db", search_lag=100)
     words = ["apple", "banana", "cherry", "damson", "elder", "fig", "grape"]
     msgs = [user(w) for w in words]

@@ -268,3 +268,53 @@ def test_waiting_in_a_forked_child_never_hangs(tmp_path: Path) -> None:
         assert os.waitstatus_to_exitcode(status) == 0
     finally:
         log.close()
+
+
+class Counting:
+    """The SQLite projection, counting its catch-up rounds."""
+
+    def __init__(self, path: Path) -> None:
+        self.projection = SQLiteProjection(path)
+        self.rounds = 0
+
+    def catch_up(self, log: EventLog) -> int:
+        self.rounds += 1
+        return self.projection.catch_up(log)
+
+    def bind(self, wait: object) -> None:
+        self.projection.bind(wait)  # type: ignore[arg-type]
+
+
+def test_writes_faster_than_the_projection_are_applied_in_rounds_of_many(tmp_path: Path) -> None:
+    counting = Counting(tmp_path / "t.db")
+    try:
+        with EventLog.open(tmp_path / "log", durability="none", projections=[counting]) as log:
+            opened = counting.rounds
+            pause = threading.Event()
+            for i in range(100):  # slower than a round: without gathering, one round per write
+                log.append("s", [user(f"m{i}")])
+                pause.wait(0.001)
+            assert log.sync_projections(timeout=30)
+            assert raw_count(tmp_path / "t.db") == 100
+            assert counting.rounds - opened <= 60, counting.rounds - opened
+    finally:
+        counting.projection.close()
+
+
+def test_a_reader_never_waits_for_more_writes_to_gather(tmp_path: Path) -> None:
+    """Read-your-writes: each read through the projection sees the write just before it, and a
+    raw reader of the database sees a lone write soon after without anyone asking."""
+    proj = SQLiteProjection(tmp_path / "t.db")
+    try:
+        with EventLog.open(tmp_path / "log", durability="none", projections=[proj]) as log:
+            for i in range(20):
+                log.append("s", [user(f"m{i}")])
+                assert [m["content"] for m in proj.messages("s")][-1] == f"m{i}"
+            log.append("s", [assistant("lone")])
+            for _ in range(300):  # a liveness check with room to spare, not a timing figure
+                if raw_count(tmp_path / "t.db") == 21:
+                    break
+                threading.Event().wait(0.01)
+            assert raw_count(tmp_path / "t.db") == 21
+    finally:
+        proj.close()

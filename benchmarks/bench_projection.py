@@ -1,0 +1,134 @@
+"""Sustained turns with the SQLite projection: what the projection costs an agent per turn.
+
+What it measures: one session grows by one agent turn (10 messages) at a time, flushed in
+trust mode with ``durability="full"``.  Each system runs blocks of turns back to back
+(``BLOCK`` turns, then it waits until the projection's rows are current), and the block is
+timed from its first flush to rows current, so the projection's whole cost is counted: its
+catch-up rounds on the log's thread (which contend for the GIL with the writer) and what is
+left at the end.  Systems take blocks in turn, in a shuffled order each round, on one seeded
+workload.  Reported per system: the median block's time per turn and the ratio to the flush
+alone.  Systems: the flush with no projection; with the projection attached, gathering
+writes into rounds (``eventlog.projector.COALESCE_WRITES``); and with a round per write, as
+the projector did without gathering.
+
+Run it (from the repository root)::
+
+    python -m benchmarks.bench_projection            # 3,000 messages
+    python -m benchmarks.bench_projection --quick
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+from benchmarks.harness import now_ns, quiet_gc, run_main, scratch, summary, table
+from benchmarks.systems import projection_available
+from benchmarks.workload import MESSAGES_PER_TURN, Workload
+from eventlog import EventLog, projector
+
+BLOCK = 10
+"""Turns a system runs back to back before it waits for its rows."""
+
+ALONE = "flush trust [full], no projection"
+GATHERED = "flush trust [full] +projection, rounds gather writes"
+PER_WRITE = "flush trust [full] +projection, a round per write"
+
+
+@contextmanager
+def gathering(enabled: bool) -> Iterator[None]:
+    saved = projector.COALESCE_WRITES, projector.COALESCE_LAG
+    if not enabled:
+        projector.COALESCE_WRITES, projector.COALESCE_LAG = 1, 0.0
+    try:
+        yield
+    finally:
+        projector.COALESCE_WRITES, projector.COALESCE_LAG = saved
+
+
+def run(*, quick: bool = False, scratch_dir: Path | None = None, messages: int | None = None) -> dict[str, Any]:
+    total = messages or (600 if quick else 3000)
+    states = [(m[:], n) for m, n in Workload(salt="projection").session(total)]
+    blocks = [states[i : i + BLOCK] for i in range(0, len(states), BLOCK)]
+    skipped: dict[str, str] = {}
+    names = [ALONE]
+    reason = projection_available()
+    if reason:
+        skipped[GATHERED] = skipped[PER_WRITE] = reason
+    else:
+        names += [GATHERED, PER_WRITE]
+    samples: dict[str, list[int]] = {name: [] for name in names}
+    order = random.Random(11)
+    with scratch(scratch_dir, "projection-") as root:
+        logs: dict[str, EventLog] = {}
+        owned: list[Any] = []
+        try:
+            for i, name in enumerate(names):
+                attached = []
+                if name != ALONE:
+                    from projections import SQLiteProjection
+
+                    attached.append(SQLiteProjection(root / f"{i}.db"))
+                    owned.extend(attached)
+                logs[name] = EventLog.open(root / f"log{i}", trust_identity=True, projections=attached)
+            with quiet_gc():
+                for block in blocks:
+                    for name in order.sample(names, len(names)):
+                        log = logs[name]
+                        with gathering(name != PER_WRITE):
+                            start = now_ns()
+                            for messages, _ in block:
+                                log.flush("s", messages)
+                            assert log.sync_projections(timeout=60)
+                            samples[name].append((now_ns() - start) // len(block))
+        finally:
+            for log in logs.values():
+                log.close()
+            for projection in owned:
+                projection.close()
+    rows = []
+    for name in names:
+        row = {"system": name, "durability": "LMDB sync+metasync; projection: SQLite WAL synchronous=NORMAL"}
+        row.update(summary(samples[name], MESSAGES_PER_TURN))
+        rows.append(row)
+    alone = rows[0]["median_ms"]
+    for row in rows:
+        row["x_alone"] = row["median_ms"] / alone if alone else None
+    return {
+        "scenario": "sustained turns with the projection",
+        "messages": total,
+        "block": BLOCK,
+        "rows": rows,
+        "skipped": skipped,
+    }
+
+
+def render(result: dict[str, Any]) -> str:
+    out = [
+        f"Turns of 10 messages to {result['messages']:,}, in blocks of {result['block']} timed until the projection's "
+        "rows are current (per turn; ratio: to the flush alone)",
+        "",
+        table(
+            result["rows"],
+            [
+                ("system", "system"),
+                ("median_ms", "ms per turn (median block)"),
+                ("p90_ms", "p90"),
+                ("x_alone", "x flush alone"),
+            ],
+        ),
+    ]
+    for name, why in result["skipped"].items():
+        out.append(f"\nskipped {name}: {why}")
+    return "\n".join(out)
+
+
+def main(argv: list[str] | None = None) -> dict[str, Any]:
+    return run_main(__doc__, run, render, argv)
+
+
+if __name__ == "__main__":
+    main()
