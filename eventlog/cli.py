@@ -27,7 +27,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 
 from . import events as ev
-from .errors import EventLogError, HistoryMismatchError, UnknownSessionError
+from .errors import CorruptLogError, EventLogError, HistoryMismatchError, UnknownSessionError
 from .interchange import FORMATS, export_lines, function_of, read_jsonl, text_of, tool_calls
 from .log import EventLog
 from .replay import Occurrence
@@ -68,7 +68,14 @@ class _Group(click.Group):
             raise
         except UnknownSessionError as e:
             _fail(str(e))
+        except CorruptLogError as e:
+            text = _one_line(e).replace(" (run verify)", "")
+            _fail(f"{text}; run 'eventlog verify' to check the whole log and name every damaged event")
         except EventLogError as e:
+            from projections.errors import NotAProjectionError
+
+            if isinstance(e, NotAProjectionError):
+                _fail(f"{e.path}: {e.what}; give another DB, or run 'eventlog rebuild --force {e.path}' to replace it")
             if type(e).__name__ == "LogMismatchError":
                 _fail(f"{_one_line(e).split(';')[0]}; give another DB, or run 'eventlog rebuild DB' to replace it")
             _fail(_one_line(e))
@@ -314,8 +321,15 @@ def _iso(ns: int) -> str | None:
 
 @cli.command()
 @click.option("--json", "as_json", is_flag=True, help="Print a JSON array of sessions.")
-def sessions(as_json: bool) -> None:
+@click.option(
+    "--from", "source", metavar="URL", help="List the sessions of a PostgreSQL projection (every host's) instead."
+)
+@click.option("--log-id", metavar="LOG", help="With --from: only this log's sessions.")
+def sessions(as_json: bool, source: str | None, log_id: str | None) -> None:
     """List the sessions: live messages, tombstones, forks, metadata."""
+    if source is not None:
+        _sessions_from(source, log_id, as_json)
+        return
     with _open_log() as log:
         summaries = summarize(log.events()).sessions
     rows = [summaries[s] for s in sorted(summaries)]
@@ -416,13 +430,28 @@ def _markers(history: list[Occurrence]) -> dict[int, list[str]]:
 @click.option("--repair", is_flag=True, help="Repair tool calls as a resuming agent would (the log is not changed).")
 @click.option("--full", is_flag=True, help="Print whole contents instead of one line per message.")
 @click.option("--json", "as_json", is_flag=True, help="Print the live messages as a JSON array (the wire dicts).")
-def show(session: str, as_of: int | None, repair: bool, full: bool, as_json: bool) -> None:
+@click.option("--from", "source", metavar="URL", help="Read SESSION from a PostgreSQL projection instead of the log.")
+@click.option("--log-id", metavar="LOG", help="With --from: the log holding SESSION (when several do).")
+def show(
+    session: str,
+    as_of: int | None,
+    repair: bool,
+    full: bool,
+    as_json: bool,
+    source: str | None = None,
+    log_id: str | None = None,
+) -> None:
     """Print the live transcript of SESSION with roles, tool calls and tombstone markers.
 
     A marker line shows where messages left the transcript (edit, rewind, compaction,
     clear); `history` lists them.
     """
     width = None if full else 160
+    if source is not None:
+        if as_of is not None or repair:
+            _fail("--as-of and --repair read the log itself; they do not go with --from")
+        _show_from(source, session, log_id, width, as_json)
+        return
     with _open_log() as log:
         _require_session(log, session)
         if as_json or as_of is not None or repair:
@@ -489,12 +518,83 @@ def history(session: str, as_json: bool) -> None:
 # -- projection ---------------------------------------------------------------
 
 
-def _projection(db: str) -> Any:
+def _is_postgres(target: str) -> bool:
+    return target.startswith(("postgresql://", "postgres://"))
+
+
+def _projection(db: str, *, force: bool = False) -> Any:
+    """The projection at ``db``: a PostgreSQL one for a ``postgresql://`` URL, else a SQLite
+    file; with ``force``, a file that is not a projection (not SQLite, or another program's
+    database) is replaced by a new one."""
+    if _is_postgres(db):
+        try:
+            from projections.postgres import PostgresProjection
+        except ImportError as e:
+            _fail(f"{e}")
+        return PostgresProjection(db)
     try:
-        from projections import SQLiteProjection
+        from projections import NotAProjectionError, SQLiteProjection
     except ImportError as e:  # pragma: no cover - the package ships both
         _fail(f"the SQLite projection is not available ({e})")
+    try:
+        return SQLiteProjection(db)
+    except NotAProjectionError:
+        if not force:
+            raise
+    for suffix in ("", "-wal", "-shm", "-journal"):
+        with contextlib.suppress(FileNotFoundError):
+            os.remove(db + suffix)
     return SQLiteProjection(db)
+
+
+def _sessions_from(source: str, log_id: str | None, as_json: bool) -> None:
+    projection = _postgres(source)
+    try:
+        rows = projection.sessions(log_id=log_id)
+    finally:
+        projection.close()
+    keys = ("log_id", "id", "message_count", "title", "model", "created_ns", "closed_ns", "parent_id")
+    if as_json:
+        _print_json([{k: r[k] for k in keys} for r in rows])
+        return
+    if not rows:
+        click.echo("no sessions")
+        return
+    table = Table(box=None, pad_edge=False)
+    for column in ("log", "session", "live", "created", "title"):
+        table.add_column(column)
+    for r in rows:
+        table.add_row(
+            escape(r["log_id"][:12]),
+            escape(r["id"]),
+            str(r["message_count"]),
+            _iso(r["created_ns"]) or "",
+            escape(r["title"] or ""),
+        )
+    Console(soft_wrap=True).print(table)
+    click.echo(f"{len(rows)} session(s) in {len({r['log_id'] for r in rows})} log(s)")
+
+
+def _show_from(source: str, session: str, log_id: str | None, width: int | None, as_json: bool) -> None:
+    projection = _postgres(source)
+    try:
+        rows = projection.messages(session, log_id=log_id)
+    finally:
+        projection.close()
+    if not rows:
+        _fail(f"no session {session!r} in {projection.where}")
+    messages = [json.loads(r["message"]) for r in rows]
+    if as_json:
+        _print_json(messages)
+        return
+    for r, message in zip(rows, messages):
+        click.echo(f"[{r['position']}] {render_message(message, width=width)}")
+
+
+def _postgres(source: str) -> Any:
+    if not _is_postgres(source):
+        _fail(f"--from takes a postgresql:// URL, not {source!r}")
+    return _projection(source)
 
 
 class _CountingLog:
@@ -518,25 +618,30 @@ class _CountingLog:
             self._advance(record.seq)
 
 
-def _project(db: str | None, *, rebuild: bool, as_json: bool, exclusive: bool = False) -> None:
+def _project(db: str | None, *, rebuild: bool, as_json: bool, exclusive: bool = False, force: bool = False) -> None:
     log_path = _settings().log_path
     target = db or _default_db(log_path)
     with _open_log() as log:
         total = log.last_seq
-        projection = _projection(target)
+        projection = _projection(target, force=force)
         try:
-            start = 0 if rebuild else projection.last_seq
+            postgres = _is_postgres(target)
+            if rebuild:
+                start = 0
+            else:
+                start = projection.last_seq_of(log.id) if postgres else projection.last_seq
             started = time.perf_counter()
             with _progress() as bar:
                 task = bar.add_task(
                     "rebuild" if rebuild else "project", total=max(total, 1), completed=min(start, total)
                 )
                 counting = _CountingLog(log, lambda seq: bar.update(task, completed=seq))
-                applied = (
-                    projection.rebuild(counting, exclusive=exclusive or None)
-                    if rebuild
-                    else projection.catch_up(counting)
-                )
+                if not rebuild:
+                    applied = projection.catch_up(counting)
+                elif postgres:
+                    applied = projection.rebuild(counting)
+                else:
+                    applied = projection.rebuild(counting, exclusive=exclusive or None)
                 bar.update(task, completed=max(total, 1))
             seconds = time.perf_counter() - started
         finally:
@@ -545,7 +650,7 @@ def _project(db: str | None, *, rebuild: bool, as_json: bool, exclusive: bool = 
     if as_json:
         _print_json(
             {
-                "db": target,
+                "db": projection.where if _is_postgres(target) else target,
                 "log": log_path,
                 "applied": applied,
                 "last_seq": total,
@@ -555,21 +660,34 @@ def _project(db: str | None, *, rebuild: bool, as_json: bool, exclusive: bool = 
         )
         return
     verb = "rebuilt" if rebuild else "projected"
+    where = projection.where if _is_postgres(target) else target
     click.echo(
-        f"{verb} {applied} events into {target} in {seconds:.2f}s ({rate:,.0f} events/s); projection at event {total}"
+        f"{verb} {applied} events into {where} in {seconds:.2f}s ({rate:,.0f} events/s); projection at event {total}"
     )
+
+
+_TO_HELP = "The projection: a SQLite file or a postgresql:// URL (the same as DB)."
+
+
+def _target(db: str | None, to: str | None) -> str | None:
+    if db is not None and to is not None and db != to:
+        _fail(f"give the projection once: DB {db!r} or --to {to!r}")
+    return to or db
 
 
 @cli.command()
 @click.argument("db", required=False, metavar="[DB]", envvar="EVENTLOG_DB")
+@click.option("--to", "to", metavar="DB", help=_TO_HELP)
 @click.option("--json", "as_json", is_flag=True, help="Print the outcome as JSON.")
-def project(db: str | None, as_json: bool) -> None:
-    """Bring the SQLite projection DB up to date with the log.
+def project(db: str | None, to: str | None, as_json: bool) -> None:
+    """Bring the projection DB up to date with the log.
 
-    DB defaults to $EVENTLOG_DB, else the log path plus .sqlite. Applies only the events
-    after the projection's checkpoint; refuses a DB that projects another log.
+    DB is a SQLite file or a PostgreSQL URL (postgresql://...), where many hosts' logs
+    share one database. It defaults to $EVENTLOG_DB, else the log path plus .sqlite.
+    Applies only the events after this log's checkpoint; a SQLite DB that projects
+    another log is refused.
     """
-    _project(db, rebuild=False, as_json=as_json)
+    _project(_target(db, to), rebuild=False, as_json=as_json)
 
 
 @cli.command()
@@ -579,16 +697,23 @@ def project(db: str | None, as_json: bool) -> None:
     is_flag=True,
     help="Take DB for itself while it runs, when nothing else has it open: faster, but readers that open it meanwhile wait until it commits.",
 )
+@click.option(
+    "--force",
+    is_flag=True,
+    help="Replace DB even when it is not a projection (not a SQLite database, or another program's).",
+)
+@click.option("--to", "to", metavar="DB", help=_TO_HELP)
 @click.option("--json", "as_json", is_flag=True, help="Print the outcome as JSON.")
-def rebuild(db: str | None, exclusive: bool, as_json: bool) -> None:
+def rebuild(db: str | None, exclusive: bool, force: bool, to: str | None, as_json: bool) -> None:
     """Re-project the whole log into DB, from the first event.
 
-    DB defaults to $EVENTLOG_DB, else the log path plus .sqlite. Replaces whatever DB
-    held, even a projection of another log, in one transaction. Readers keep seeing the
-    old projection until it commits, unless --exclusive (the default for a DB with nothing
-    projected yet).
+    DB defaults to $EVENTLOG_DB, else the log path plus .sqlite. A SQLite DB is replaced
+    whole, even a projection of another log, in one transaction; in a PostgreSQL DB only
+    this log's rows are replaced. Readers keep seeing the old projection until it
+    commits, unless --exclusive (SQLite; the default for a DB with nothing projected yet).
+    A DB that is no projection at all is left alone unless --force.
     """
-    _project(db, rebuild=True, as_json=as_json, exclusive=exclusive)
+    _project(_target(db, to), rebuild=True, as_json=as_json, exclusive=exclusive, force=force)
 
 
 @cli.command()
@@ -599,13 +724,30 @@ def rebuild(db: str | None, exclusive: bool, as_json: bool) -> None:
     "--db", metavar="DB", envvar="EVENTLOG_DB", help="The projection to search (else $EVENTLOG_DB, else LOG.sqlite)."
 )
 @click.option("--fts", is_flag=True, help='Pass QUERY as SQLite FTS5 syntax ("phrases", AND/OR/NOT, prefix*, NEAR).')
+@click.option(
+    "--from", "source", metavar="URL", help="Search a PostgreSQL projection (every host's logs); the log is not read."
+)
+@click.option("--log-id", metavar="LOG", help="With --from: search only this log.")
 @click.option("--json", "as_json", is_flag=True, help="Print the results as JSON.")
-def search(query: str, session: str | None, limit: int, db: str | None, fts: bool, as_json: bool) -> None:
+def search(
+    query: str,
+    session: str | None,
+    limit: int,
+    db: str | None,
+    fts: bool,
+    as_json: bool,
+    source: str | None = None,
+    log_id: str | None = None,
+) -> None:
     """Full-text search of the live messages: those containing every word of QUERY.
 
     Searches message text and tool names and arguments in the SQLite projection,
-    which is caught up with the log first, so results are current.
+    which is caught up with the log first, so results are current. With --from, searches
+    a PostgreSQL projection as it is (QUERY in web-search syntax: words, "phrases", or, -word).
     """
+    if source is not None:
+        _search_from(source, query, session, log_id, limit, as_json)
+        return
     if not fts:
         query = plain_query(query)
     target = db or _default_db(_settings().log_path)
@@ -628,6 +770,28 @@ def search(query: str, session: str | None, limit: int, db: str | None, fts: boo
         return
     for r in results:
         click.echo(f"{r['session_id']} [{r['position']}] {r['role']}: {_clip(r['snippet'] or '', 160)}")
+    click.echo(f"{len(results)} result(s)")
+
+
+def _search_from(source: str, query: str, session: str | None, log_id: str | None, limit: int, as_json: bool) -> None:
+    if not query.split():
+        raise click.BadParameter("give at least one word to search for", param_hint="QUERY")
+    projection = _postgres(source)
+    try:
+        results = projection.search(query, session_id=session, log_id=log_id, limit=limit)
+    finally:
+        projection.close()
+    if as_json:
+        keys = ("log_id", "session_id", "position", "seq", "role", "snippet", "content")
+        _print_json([{k: r[k] for k in keys} for r in results])
+        return
+    if not results:
+        click.echo("no live message matches")
+        return
+    for r in results:
+        click.echo(
+            f"{r['log_id'][:12]} {r['session_id']} [{r['position']}] {r['role']}: {_clip(r['snippet'] or '', 160)}"
+        )
     click.echo(f"{len(results)} result(s)")
 
 

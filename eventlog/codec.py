@@ -20,6 +20,7 @@ the path inside it, rather than stored in a form that would not read back the sa
 from __future__ import annotations
 
 import math
+import sys
 from collections.abc import Mapping
 from hashlib import sha256
 from itertools import chain, compress, repeat
@@ -54,12 +55,50 @@ def strip(message: Mapping[str, Any]) -> dict[str, Any]:
     return message if type(message) is dict else dict(message)
 
 
+def as_message(message: Any, index: int) -> Mapping[str, Any]:
+    """``message`` as the mapping that is stored for it.
+
+    A mapping is itself.  A pydantic model (the OpenAI SDK's ``ChatCompletionMessage``,
+    which loops append as ``response.choices[0].message``) becomes the dict the OpenAI
+    client sends when the object is passed back in ``messages=``:
+    ``model_dump(mode="json", exclude_unset=True)``, less the fields the model marks
+    ``__api_exclude__`` (so the fields the API returned, and those set on the object
+    since, with their JSON values).  Anything else raises :class:`InvalidMessageError`
+    naming ``messages[index]`` and the type.  pydantic is never imported here: an object
+    can only be a pydantic model once some other code has imported pydantic.
+    """
+    if isinstance(message, Mapping):
+        return message
+    pydantic = sys.modules.get("pydantic")
+    if pydantic is not None and isinstance(message, pydantic.BaseModel):
+        try:
+            dumped = message.model_dump(
+                mode="json", exclude_unset=True, exclude=getattr(message, "__api_exclude__", None)
+            )
+        except Exception as e:
+            raise InvalidMessageError(
+                f"messages[{index}]: {type(message).__name__} cannot be dumped to JSON ({e})", index=index
+            ) from None
+        if isinstance(dumped, dict):
+            return dumped
+    raise _not_a_message(message, index)
+
+
+def _not_a_message(message: Any, index: int) -> InvalidMessageError:
+    return InvalidMessageError(
+        f"messages[{index}]: {type(message).__name__} is not a message "
+        "(a mapping, or a pydantic model such as openai's ChatCompletionMessage)",
+        index=index,
+    )
+
+
 def canonical(message: Any, index: int) -> bytes:
     """Validate ``message`` (at ``index`` of the caller's list) and return its canonical bytes.
 
     Raises :class:`InvalidMessageError` naming ``messages[index]`` and the path of the
     first value that is not JSON-like.
     """
+    message = as_message(message, index)
     private = inspect(message, index)
     return _encoder.encode(strip(message) if private or type(message) is not dict else message)
 
@@ -74,7 +113,7 @@ def inspect(message: Any, index: int, *, encoded: bool = False) -> bool:
     :class:`InvalidMessageError` like :func:`canonical`.
     """
     if not isinstance(message, Mapping):
-        raise InvalidMessageError(f"messages[{index}]: {type(message).__name__} is not a mapping", index=index)
+        raise _not_a_message(message, index)
     if encoded:
         return inspect_encoded(message, index)
     private = False
@@ -84,6 +123,8 @@ def inspect(message: Any, index: int, *, encoded: bool = False) -> bool:
         if key[:1] == "_":
             private = True
             continue
+        if not key.isascii() and not _utf8_ok(key):
+            _raise([key], "key contains a lone surrogate", index)
         kind = type(item)
         if (
             (kind is str and item.isascii())
@@ -92,8 +133,6 @@ def inspect(message: Any, index: int, *, encoded: bool = False) -> bool:
             or (kind is int and -(2**63) <= item < 2**64)
         ):
             continue
-        if not key.isascii() and not _utf8_ok(key):
-            _raise([key], "key contains a lone surrogate", index)
         found = _problem(item, 1)
         if found is not None:
             found[0].append(key)

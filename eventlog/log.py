@@ -132,6 +132,13 @@ def _expected_heads(expected_heads: Mapping[str, str] | None, transcripts: Mappi
     return out
 
 
+def _flag(value: object, name: str) -> bool:
+    """``value`` if it is a bool; ``TypeError`` naming ``name`` otherwise (``"no"`` is truthy)."""
+    if not isinstance(value, bool):
+        raise TypeError(f"{name} must be a bool, not {type(value).__name__}")
+    return value
+
+
 def _count(value: object, name: str) -> int:
     """``value`` if it is an int >= 0; ``TypeError``/``ValueError`` naming ``name`` otherwise."""
     if isinstance(value, bool) or not isinstance(value, int):
@@ -331,6 +338,7 @@ class EventLog:
         """
         check_session_id(session_id)
         expected = _head_bytes(expected_head)
+        _flag(replace, "replace")
         if isinstance(messages, (str, bytes, Mapping)) or not isinstance(messages, Sequence):
             raise TypeError(f"messages must be a list of message dicts, not {type(messages).__name__}")
         turn = self._turns_of([session_id])[0]
@@ -465,6 +473,7 @@ class EventLog:
         for session_id in transcripts:
             check_session_id(session_id)
         expected = _expected_heads(expected_heads, transcripts)
+        _flag(replace, "replace")
         turns = self._turns_of(sorted(transcripts))  # one order everywhere: no deadlock
         try:
             return _holding([turn.lock for turn in turns], lambda: self._flush_many(transcripts, expected, replace))
@@ -755,8 +764,11 @@ class EventLog:
         return occurrences
 
     def events(self, after: int = 0) -> Iterator[Record]:
-        """The events with ``seq > after``, in order (``seq`` is gapless from 1)."""
-        return iter_events(self._store, after)
+        """The events with ``seq > after``, in order (``seq`` is gapless from 1).
+
+        Raises ``TypeError``/``ValueError`` at once for an ``after`` that is not an int >= 0.
+        """
+        return iter_events(self._store, _count(after, "after"))
 
     @staticmethod
     def format_of(path: str | os.PathLike[str]) -> str | None:
@@ -811,6 +823,12 @@ class EventLog:
         self, overrides: Mapping[int, Mapping[str, Any]] | None, prepared: Prepared
     ) -> dict[int, dict[str, Any]]:
         """Validate ``overrides`` and key them by position in the stored transcript."""
+        if overrides is None:
+            return {}
+        if not isinstance(overrides, Mapping):
+            raise TypeError(
+                f"overrides must be a mapping of message index to display fields, not {type(overrides).__name__}"
+            )
         if not overrides:
             return {}
         position_of = {index: position for position, index in enumerate(prepared.kept)}

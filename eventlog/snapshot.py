@@ -266,10 +266,16 @@ def _extend(
         out.digests.append,
         out.nodes.append,
     )
+    as_message = codec.as_message
     for index in range(reuse, len(raw)):
         message = raw[index]
-        if copying:
-            copies_out(remember(message))
+        if type(message) is dict:
+            if copying:
+                copies_out(remember(message))
+        else:
+            message = as_message(message, index)  # a pydantic model: its dump, made anew each flush
+            if copying:
+                copies_out(UNCOPYABLE if message is not raw[index] else remember(message))
         try:
             fast: bytes | None = encode(message)
         except Exception:  # _ keys may hold process-local objects; only canonical bytes matter
@@ -570,7 +576,7 @@ def _reusable(raw: list[Any], previous: Prepared | None, trust_identity: bool, o
 def _encodes_as_before(message: Any, index: int, previous: Prepared) -> bool:
     """Whether ``message`` encodes as the message flushed at ``index`` of ``previous`` did."""
     try:
-        current = codec.encode(message)
+        current = codec.encode(message if type(message) is dict else codec.as_message(message, index))
     except Exception:  # an unencodable `_` value: only hashing it again can tell
         return False
     known = previous.fast[index]

@@ -609,7 +609,15 @@ class Batch:
 
 
 def iter_events(store: Store, after: int = 0, batch: int = 1024) -> Iterator[Record]:
-    """Events with ``seq > after`` in order, read in short transactions of ``batch`` events."""
+    """Events with ``seq > after`` in order, read in short transactions of ``batch`` events.
+
+    Each event is checked before it is yielded: it must decode and hash to what the log
+    recorded for it, in the envelope of the event after it (or, for the newest event, in
+    its session's state).  Since an envelope holds the previous event's hash, that also
+    checks the chain.  A damaged event raises :class:`CorruptLogError` naming its seq,
+    after every event before it was yielded: a projection that applies what this yields
+    never applies a damaged event.
+    """
     nxt = after + 1
     while True:
         chunk: list[tuple[int, bytes]] = []
@@ -619,10 +627,42 @@ def iter_events(store: Store, after: int = 0, batch: int = 1024) -> Iterator[Rec
                 return
             for key, value in cursor:
                 chunk.append((SEQ.unpack(key)[0], value))
-                if len(chunk) >= batch:
+                if len(chunk) > batch:  # one more than is yielded: its envelope vouches for the last
                     break
-        for seq, raw in chunk:
-            yield store.load(seq, raw)
-        if len(chunk) < batch:
+            more = len(chunk) > batch
+            # the log's newest event is the last of its session, whose state records its hash
+            anchor = chunk[-1][1][:32] if more else _recorded_last(store, txn, *chunk[-1])
+        records = [store.load(seq, raw) for seq, raw in chunk]
+        recorded = [record.prev_hash for record in records[1:]] + [anchor]
+        if more:
+            records.pop()
+        for i, record in enumerate(records):
+            if record.seq != nxt:
+                raise CorruptLogError(f"{store.path}: event {nxt} is missing; the log is damaged (run verify)")
+            if record.hash != recorded[i]:
+                if i + 1 < len(records) and records[i + 1].hash != recorded[i + 1]:
+                    raise CorruptLogError(
+                        f"{store.path}: events {record.seq} and {record.seq + 1} do not match the hashes recorded "
+                        f"for them (the link between them is damaged); the log is damaged (run verify)"
+                    )
+                raise CorruptLogError(
+                    f"{store.path}: event {record.seq} does not match its recorded hash; the log is damaged (run verify)"
+                )
+            nxt = record.seq + 1
+            yield record
+        if not more:
             return
-        nxt = chunk[-1][0] + 1
+
+
+def _recorded_last(store: Store, txn: lmdb.Transaction, seq: int, raw: bytes) -> bytes:
+    """The hash the log records for its newest event ``seq``: in its session's state."""
+    if len(raw) < HEADER.size:
+        raise CorruptLogError(
+            f"{store.path}: event {seq} is shorter than its envelope; the log is damaged (run verify)"
+        )
+    state = txn.get(state_key(HEADER.unpack_from(raw)[3]), db=store.index)
+    if state is None or len(state) != STATE.size:
+        raise CorruptLogError(
+            f"{store.path}: event {seq} names a session whose state is missing or damaged (run verify)"
+        )
+    return bytes(STATE.unpack(state)[3])

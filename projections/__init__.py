@@ -10,6 +10,7 @@ from __future__ import annotations
 from .errors import (
     InvalidQueryError,
     LogMismatchError,
+    NotAProjectionError,
     ProjectionCorruptError,
     ProjectionError,
     SchemaVersionError,
@@ -19,6 +20,7 @@ from .sqlite import SQLiteProjection
 __all__ = [
     "InvalidQueryError",
     "LogMismatchError",
+    "NotAProjectionError",
     "ProjectionCorruptError",
     "ProjectionError",
     "SQLiteProjection",

@@ -17,6 +17,19 @@ class LogMismatchError(ProjectionError):
     """
 
 
+class NotAProjectionError(ProjectionError):
+    """The file is not a transcript projection: not a SQLite database at all, or another
+    program's database.  It is left as it is; give the projection a file of its own.
+
+    ``path`` is the file, ``what`` says what it is instead.
+    """
+
+    def __init__(self, path: str, what: str) -> None:
+        super().__init__(f"{path}: {what}; give the projection a file of its own")
+        self.path = path
+        self.what = what
+
+
 class SchemaVersionError(ProjectionError):
     """The database was written by a newer version of the projection than this one."""
 

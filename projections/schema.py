@@ -13,7 +13,7 @@ from __future__ import annotations
 import sqlite3
 from typing import Final
 
-from .errors import ProjectionError, SchemaVersionError
+from .errors import NotAProjectionError, SchemaVersionError
 
 VERSION: Final = 2
 
@@ -164,9 +164,8 @@ def refuse_foreign(db: sqlite3.Connection, path: str) -> None:
         "SELECT (SELECT user_version FROM pragma_user_version), (SELECT count(*) FROM sqlite_master)"
     ).fetchone()
     if current == 0 and objects:
-        raise ProjectionError(
-            f"{path}: not a transcript projection (it holds tables but no projection schema "
-            "version); give the projection a file of its own"
+        raise NotAProjectionError(
+            path, "not a transcript projection (another program's database: it holds tables but no projection schema)"
         )
 
 

@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Any
 
 from . import core, schema
 from .core import Applier, Checkpoint, Source
-from .errors import InvalidQueryError, ProjectionError
+from .errors import InvalidQueryError, NotAProjectionError, ProjectionError
 from .sqlite_store import SQLiteStore, index_pending
 
 if TYPE_CHECKING:
@@ -91,7 +91,12 @@ class SQLiteProjection:
             raise
 
     def _set_up(self) -> None:
-        schema.refuse_foreign(self._db, self.path)  # before a pragma changes the file
+        try:
+            schema.refuse_foreign(self._db, self.path)  # before a pragma changes the file
+        except sqlite3.DatabaseError as e:
+            if e.sqlite_errorcode != sqlite3.SQLITE_NOTADB:
+                raise
+            raise NotAProjectionError(self.path, "not a SQLite database") from e
         # Rows hold the message twice (text projection and JSON), about 2 KB: with 16 KiB
         # pages they pack six to a page instead of one to a 4 KiB page, and bulk writes and
         # commits cost a third less.  Only a new file takes it.

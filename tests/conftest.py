@@ -74,3 +74,20 @@ def pg_schema(postgres_dsn: str, request: pytest.FixtureRequest) -> Iterator[str
     yield name
     with psycopg.connect(postgres_dsn, autocommit=True) as conn:
         conn.execute(f'DROP SCHEMA IF EXISTS "{name}" CASCADE')
+
+
+@pytest.fixture
+def pg_database(postgres_dsn: str) -> Iterator[str]:
+    """The URL of a PostgreSQL database of this test's own, dropped afterwards."""
+    import uuid
+
+    import psycopg
+    from psycopg.conninfo import conninfo_to_dict, make_conninfo
+
+    name = "t_" + uuid.uuid4().hex[:12]
+    with psycopg.connect(postgres_dsn, autocommit=True) as conn:
+        conn.execute(f'CREATE DATABASE "{name}"')
+    params = conninfo_to_dict(postgres_dsn)
+    yield f"postgresql://{params.get('user', 'postgres')}@{params['host']}:{params['port']}/{name}"
+    with psycopg.connect(make_conninfo(postgres_dsn), autocommit=True) as conn:
+        conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')

@@ -86,7 +86,7 @@ def test_non_string_keys_are_refused():
 
 
 def test_non_mapping_message_is_refused():
-    with pytest.raises(InvalidMessageError, match=r"messages\[2\]: list is not a mapping"):
+    with pytest.raises(InvalidMessageError, match=r"messages\[2\]: list is not a message"):
         codec.canonical(["role", "user"], 2)
 
 

@@ -115,7 +115,26 @@ class PostgresTarget(Target):
         return messages, sessions
 
 
-TARGETS: dict[str, type[Target]] = {"sqlite": SQLiteTarget, "postgres": PostgresTarget}
+class HermesTarget(Target):
+    name = "hermes"
+
+    def create(self, name: str) -> Any:
+        from projections.hermes import HermesProjection
+
+        return HermesProjection(self.tmp_path / f"{name}-state.db")
+
+    def rows(self, proj: Any, log: EventLog) -> Any:
+        db = sqlite3.connect(proj.path)
+        try:
+            return [
+                db.execute(f"SELECT * FROM {table} ORDER BY 1").fetchall()
+                for table in ("messages", "eventlog_rows", "sessions", "eventlog_sessions", "messages_fts")
+            ]
+        finally:
+            db.close()
+
+
+TARGETS: dict[str, type[Target]] = {"sqlite": SQLiteTarget, "postgres": PostgresTarget, "hermes": HermesTarget}
 
 
 @pytest.fixture(params=sorted(TARGETS))
