@@ -1228,6 +1228,63 @@ def _write_whole(path: str, lines: Iterator[str]) -> None:
         raise
 
 
+# -- framework plugins ----------------------------------------------------------
+
+
+@cli.group()
+def hermes() -> None:
+    """The hermes-agent plugin that flushes every hermes turn to a log."""
+
+
+@hermes.command("install")
+@click.option(
+    "--home",
+    type=click.Path(file_okay=False),
+    help="hermes' home directory (default: $HERMES_HOME, else ~/.hermes).",
+)
+@click.option(
+    "--log",
+    "log_dir",
+    type=click.Path(file_okay=False),
+    help="The log the plugin writes (default: HOME/eventlog; the global --log is not used here).",
+)
+@click.option(
+    "--durability",
+    type=click.Choice(["full", "process", "none"]),
+    default="full",
+    show_default=True,
+    help="The log's durability mode for hermes' turns.",
+)
+@click.option("--json", "as_json", is_flag=True, help="Print what was installed as JSON.")
+def install(home: str | None, log_dir: str | None, durability: str, as_json: bool) -> None:
+    """Install the plugin into hermes' home and enable it in hermes' config.yaml.
+
+    hermes loads it at its next start (it must run in a Python environment where
+    agent-eventlog is installed).  Installing again updates the settings.
+    """
+    try:
+        from .integrations import hermes as plugin
+    except ImportError as e:
+        _fail(str(e))
+    try:
+        done = plugin.install(home, log=log_dir, durability=durability)
+    except OSError as e:
+        _fail(f"{e.filename or home}: {e.strerror or e}")
+    if as_json:
+        report = {
+            "plugin": str(done.plugin_dir),
+            "log": str(done.log),
+            "durability": done.durability,
+            "config": str(done.config),
+            "already_enabled": done.already_enabled,
+        }
+        click.echo(json.dumps(report, indent=2))
+        return
+    click.echo(f"plugin   {done.plugin_dir}")
+    click.echo(f"log      {done.log} ({done.durability} durability)")
+    click.echo(f"enabled  in {done.config}" + (" (it already was)" if done.already_enabled else ""))
+
+
 # -- entry points -------------------------------------------------------------
 
 from . import audit_cli  # noqa: E402  (its commands join the group above)

@@ -23,6 +23,7 @@ from benchmarks import (  # noqa: E402
     bench_concurrency,
     bench_flush,
     bench_memory,
+    bench_postgres,
     bench_projection,
     bench_reflush,
 )
@@ -115,6 +116,17 @@ def test_bulk_scenario(tmp_path: Path) -> None:
     else:  # the rebuild, and its floor: SQLite alone with the same rows
         assert names[4].startswith("projection rebuild") and names[5].startswith("floor: SQLite alone")
     print(bench_bulk.render(result))
+
+
+def test_postgres_scenario(tmp_path: Path, postgres_dsn: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("EVENTLOG_BENCH_POSTGRES", postgres_dsn)
+    result = bench_postgres.run(scratch_dir=tmp_path, messages=300, repeats=1)
+    _check_rows(result["rows"])
+    names = [row["system"] for row in result["rows"]]
+    assert names[0].startswith("rebuild") and names[1].startswith("bulk catch-up") and names[2] == bench_postgres.FLOOR
+    assert all(row["messages"] == 300 for row in result["rows"])
+    assert result["rows"][2]["ratio"] == 1
+    print(bench_postgres.render(result))
 
 
 def test_concurrency_scenario(tmp_path: Path) -> None:

@@ -11,6 +11,7 @@ import re
 import sys
 from pathlib import Path
 
+import click
 import pytest
 from click.testing import CliRunner
 
@@ -20,6 +21,9 @@ ROOT = Path(__file__).resolve().parent.parent
 DOCS = sorted((ROOT / "docs").rglob("*.md"))
 PAGES = [ROOT / "README.md", *DOCS]
 CLI_MD = ROOT / "docs" / "cli.md"
+
+NEEDS_SERVER = "<!-- examples need: postgresql -->"
+"""Pages whose examples need a PostgreSQL server: tests/test_projection_postgres.py runs them."""
 
 PYTHON_BLOCK = re.compile(r"^```python\n(.*?)^```", re.S | re.M)
 HELP_BLOCK = re.compile(r"<!-- help: (?P<name>[a-z ]*) -->\n```text\n(?P<text>.*?)```\n", re.S)
@@ -37,10 +41,27 @@ def help_text(name: str) -> str:
 
 
 def commands() -> list[str]:
-    return sorted(cli.commands)
+    """Every command, with the subcommands of groups as ``"group sub"``."""
+    names = []
+    for name, command in sorted(cli.commands.items()):
+        names.append(name)
+        if isinstance(command, click.Group):
+            names += [f"{name} {sub}" for sub in sorted(command.commands)]
+    return names
 
 
-@pytest.mark.parametrize("page", [p for p in PAGES if python_blocks(p)], ids=lambda p: p.name)
+def run_examples(page: Path, tmp_path: Path) -> None:
+    namespace: dict[str, object] = {"__name__": f"docs_{page.stem}", "tmp": str(tmp_path)}
+    for number, block in enumerate(python_blocks(page), start=1):
+        code = compile(block, f"{page.name} (python example {number})", "exec")
+        exec(code, namespace)
+
+
+@pytest.mark.parametrize(
+    "page",
+    [p for p in PAGES if python_blocks(p) and NEEDS_SERVER not in p.read_text(encoding="utf-8")],
+    ids=lambda p: p.name,
+)
 def test_python_examples_run(page, tmp_path, monkeypatch):
     """The blocks of a page run in order, in one namespace, in an empty working directory.
 
@@ -48,10 +69,7 @@ def test_python_examples_run(page, tmp_path, monkeypatch):
     without defining it).
     """
     monkeypatch.chdir(tmp_path)
-    namespace: dict[str, object] = {"__name__": f"docs_{page.stem}", "tmp": str(tmp_path)}
-    for number, block in enumerate(python_blocks(page), start=1):
-        code = compile(block, f"{page.name} (python example {number})", "exec")
-        exec(code, namespace)
+    run_examples(page, tmp_path)
 
 
 def test_every_page_with_examples_is_checked():

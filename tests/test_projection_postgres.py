@@ -150,10 +150,8 @@ def test_a_dropped_connection_fails_one_catch_up_and_the_next_one_reconnects(
         log.flush("s", [user("before")])
         proj.catch_up(log)
         with psycopg.connect(postgres_dsn, autocommit=True) as admin:  # the server restarts, say
-            admin.execute(
-                "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE pid != pg_backend_pid() "
-                "AND datname = current_database() AND application_name = ''"
-            )
+            assert proj._conn is not None
+            admin.execute("SELECT pg_terminate_backend(%s)", (proj._conn.info.backend_pid,))
         log.flush("s", [user("before"), user("while it was down")])  # the log goes on by itself
         with pytest.raises(ProjectionError):
             proj.catch_up(log)
@@ -198,3 +196,13 @@ def test_cli_projects_rebuilds_and_reads_postgresql(tmp_path: Path, pg_database:
     assert ambiguous.exit_code == 1 and "several logs" in ambiguous.stderr and "Traceback" not in ambiguous.output
     missing = cli_run("show", "nope", "--from", pg_database)
     assert missing.exit_code == 1 and "no session 'nope'" in missing.stderr
+
+
+def test_the_many_hosts_page_examples_run(tmp_path: Path, pg_database: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    from test_docs import NEEDS_SERVER, ROOT, run_examples
+
+    page = ROOT / "docs" / "postgres-hosts.md"
+    assert NEEDS_SERVER in page.read_text(encoding="utf-8")
+    monkeypatch.setenv("DATABASE_URL", pg_database)
+    monkeypatch.chdir(tmp_path)
+    run_examples(page, tmp_path)
