@@ -25,6 +25,7 @@ from .errors import (
 from .log import COUNTERS, EMPTY_HEAD, EventLog, FlushResult, check_session_id
 from .replay import Occurrence, SessionInfo, Tombstone, repair
 from .snapshot import EPHEMERAL_FLAGS, is_ephemeral
+from .source import EventSource
 from .spill import RecoveryReport, SpillingWriter, SpillResult, recover
 from .store import Record
 from .verify import LogHead, Problem, VerifyReport
@@ -37,6 +38,7 @@ __all__ = [
     "CorruptLogError",
     "EventLog",
     "EventLogError",
+    "EventSource",
     "FlushResult",
     "HistoryMismatchError",
     "InvalidMessageError",

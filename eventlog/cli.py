@@ -14,9 +14,8 @@ import os
 import stat
 import sys
 import time
-from collections import Counter
 from collections.abc import Callable, Iterator, Mapping
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, NoReturn
 
@@ -26,11 +25,10 @@ from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from . import events as ev
+from . import render
 from .errors import CorruptLogError, EventLogError, HistoryMismatchError, UnknownSessionError
-from .interchange import FORMATS, export_lines, function_of, read_jsonl, text_of, tool_calls
+from .interchange import FORMATS, export_lines, read_jsonl
 from .log import EventLog
-from .replay import Occurrence
 from .store import Record
 from .verify import LogHead
 
@@ -41,8 +39,6 @@ DEFAULT_DEMO = "eventlog-demo"
 
 HELP_WIDTH = 100
 """Help text is wrapped at this width everywhere, so that ``docs/cli.md`` can match it."""
-
-KIND_NAMES = {1: "opened", 2: "appended", 3: "tombstoned", 4: "closed", 5: "updated", 6: "annotated"}
 
 
 @dataclass(slots=True)
@@ -72,11 +68,11 @@ class _Group(click.Group):
             text = _one_line(e).replace(" (run verify)", "")
             _fail(f"{text}; run 'eventlog verify' to check the whole log and name every damaged event")
         except EventLogError as e:
-            from projections.errors import NotAProjectionError
+            from projections.errors import LogMismatchError, NotAProjectionError
 
             if isinstance(e, NotAProjectionError):
                 _fail(f"{e.path}: {e.what}; give another DB, or run 'eventlog rebuild --force {e.path}' to replace it")
-            if type(e).__name__ == "LogMismatchError":
+            if isinstance(e, LogMismatchError):
                 _fail(f"{_one_line(e).split(';')[0]}; give another DB, or run 'eventlog rebuild DB' to replace it")
             _fail(_one_line(e))
         except (OSError, ValueError) as e:
@@ -225,100 +221,6 @@ def demo(path: str, turns: int, durability: str, as_json: bool) -> None:
 # -- reading ------------------------------------------------------------------
 
 
-@dataclass(slots=True)
-class SessionSummary:
-    """What a pass over the events says about one session."""
-
-    session: str
-    live: int = 0
-    events: int = 0
-    appended: int = 0
-    tombstoned: Counter[str] = field(default_factory=Counter)
-    forked_from: str | None = None
-    fork_at: int = 0
-    closed: bool = False
-    first_seq: int = 0
-    last_seq: int = 0
-    first_ns: int = 0
-    last_ns: int = 0
-    fields: dict[str, Any] = field(default_factory=dict)
-    counters: dict[str, float] = field(default_factory=dict)
-
-    def as_dict(self) -> dict[str, Any]:
-        return {
-            "session": self.session,
-            "live_messages": self.live,
-            "events": self.events,
-            "appended": self.appended,
-            "tombstoned": dict(self.tombstoned),
-            "forked_from": self.forked_from,
-            "fork_at": self.fork_at if self.forked_from else None,
-            "closed": self.closed,
-            "first_seq": self.first_seq,
-            "last_seq": self.last_seq,
-            "created": _iso(self.first_ns),
-            "updated": _iso(self.last_ns),
-            "metadata": self.fields,
-            "counters": self.counters,
-        }
-
-
-@dataclass(slots=True)
-class LogSummary:
-    sessions: dict[str, SessionSummary] = field(default_factory=dict)
-    kinds: Counter[str] = field(default_factory=Counter)
-    bodies: int = 0
-    carried: int = 0
-    tombstone_events: Counter[str] = field(default_factory=Counter)
-    tombstoned: Counter[str] = field(default_factory=Counter)
-
-
-def summarize(records: Iterator[Record]) -> LogSummary:
-    """One pass over the events: per-session counts, event kinds, tombstones by reason."""
-    out = LogSummary()
-    sessions = out.sessions
-    for record in records:
-        event = record.event
-        out.kinds[KIND_NAMES.get(record.kind, str(record.kind))] += 1
-        summary = sessions.get(event.session)
-        if summary is None:
-            summary = sessions[event.session] = SessionSummary(
-                event.session, first_seq=record.seq, first_ns=record.time_ns
-            )
-        summary.events += 1
-        summary.last_seq = record.seq
-        summary.last_ns = record.time_ns
-        if isinstance(event, ev.SessionOpened):
-            if event.source is not None:
-                summary.forked_from = event.source
-                summary.fork_at = summary.live = event.at
-        elif isinstance(event, ev.MessagesAppended):
-            n = len(event)
-            summary.live = event.position + n
-            summary.appended += n
-            out.carried += len(event.carried)
-            out.bodies += n - len(event.carried)
-            summary.closed = False
-        elif isinstance(event, ev.MessagesTombstoned):
-            summary.live = event.position
-            summary.tombstoned[event.reason] += event.count
-            out.tombstone_events[event.reason] += 1
-            out.tombstoned[event.reason] += event.count
-        elif isinstance(event, ev.SessionClosed):
-            summary.closed = True
-        elif isinstance(event, ev.SessionUpdated):
-            summary.fields.update(event.fields)
-            for key, value in event.counters.items():
-                summary.counters[key] = summary.counters.get(key, 0) + value
-    return out
-
-
-def _iso(ns: int) -> str | None:
-    if not ns:
-        return None
-    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(ns / 1e9))
-
-
 @cli.command()
 @click.option("--json", "as_json", is_flag=True, help="Print a JSON array of sessions.")
 @click.option(
@@ -331,7 +233,7 @@ def sessions(as_json: bool, source: str | None, log_id: str | None) -> None:
         _sessions_from(source, log_id, as_json)
         return
     with _open_log() as log:
-        summaries = summarize(log.events()).sessions
+        summaries = render.summarize(log.events()).sessions
     rows = [summaries[s] for s in sorted(summaries)]
     if as_json:
         _print_json([row.as_dict() for row in rows])
@@ -357,69 +259,11 @@ def sessions(as_json: bool, source: str | None, log_id: str | None) -> None:
             str(row.live),
             str(sum(row.tombstoned.values())),
             str(row.events),
-            _iso(row.last_ns) or "",
+            render.iso(row.last_ns) or "",
             escape(str(row.fields.get("title", ""))),
             escape(", ".join(notes)),
         )
     _stdout().print(table)
-
-
-def _clip(text: str, width: int | None) -> str:
-    text = " ".join(text.split()) if width is not None else text
-    if width is not None and len(text) > width:
-        return text[: width - 1] + "…"
-    return text
-
-
-def render_message(message: Mapping[str, Any], *, width: int | None = 160) -> str:
-    """One message as readable text: role, content, tool calls and tool results.
-
-    ``width`` clips the content to one line of that many characters (None: in full).
-    """
-    role = str(message.get("role") or message.get("type") or "?")
-    parts = []
-    text = text_of(message.get("content"))
-    if role == "tool":
-        name = message.get("name") or message.get("tool_name")
-        label = f"tool {name}" if name else "tool"
-        call = message.get("tool_call_id")
-        role = f"{label} ({call})" if call else label
-    if text:
-        parts.append(_clip(text, width))
-    for call in tool_calls(message):
-        function = function_of(call)
-        arguments = function.get("arguments", "")
-        if not isinstance(arguments, str):
-            arguments = json.dumps(arguments, ensure_ascii=False)
-        call_id = call.get("id", "") if isinstance(call, Mapping) else ""
-        parts.append(f"→ {function.get('name', '?')}({_clip(arguments, 80 if width else None)}) [{call_id}]")
-    body = "\n    ".join(parts) if width is None else "  ".join(parts)
-    return f"{role}: {body}" if body else f"{role}:"
-
-
-def _markers(history: list[Occurrence]) -> dict[int, list[str]]:
-    """Tombstone marker lines keyed by the live position they are printed before.
-
-    A tombstone ends the live suffix from its position on; its marker goes before
-    the live message now at that position (or at the end when the transcript is
-    shorter now), and names the position it had, so nothing reads ambiguously.
-    """
-    stones: dict[int, tuple[str, int, int]] = {}  # seq -> reason, count, first position
-    for occurrence in history:
-        stone = occurrence.tombstone
-        if stone is None:
-            continue
-        reason, count, first = stones.get(stone.seq, (stone.reason, 0, occurrence.position))
-        stones[stone.seq] = (reason, count + 1, min(first, occurrence.position))
-    live = sum(1 for o in history if o.tombstone is None)
-    out: dict[int, list[str]] = {}
-    for seq in sorted(stones):
-        reason, count, first = stones[seq]
-        noun = "message" if count == 1 else "messages"
-        out.setdefault(min(first, live), []).append(
-            f"  ✂ event {seq}: {count} {noun} from position {first} tombstoned ({reason})"
-        )
-    return out
 
 
 @cli.command()
@@ -460,15 +304,15 @@ def show(
                 _print_json(messages)
                 return
             for position, message in enumerate(messages):
-                click.echo(f"[{position}] {render_message(message, width=width)}")
+                click.echo(f"[{position}] {render.render_message(message, width=width)}")
             return
         history = log.history(session)
-    markers = _markers(history)
+    markers = render.markers(history)
     lines: list[str] = []
     for occurrence in history:
         if occurrence.tombstone is None:
             lines.extend(markers.pop(occurrence.position, ()))
-            lines.append(f"[{occurrence.position}] {render_message(occurrence.message, width=width)}")
+            lines.append(f"[{occurrence.position}] {render.render_message(occurrence.message, width=width)}")
     for rest in markers.values():
         lines.extend(rest)
     for line in lines:
@@ -509,7 +353,7 @@ def history(session: str, as_json: bool) -> None:
     for o in occurrences:
         status = "live" if o.tombstone is None else f"✗ {o.tombstone.reason}@{o.tombstone.seq}"
         click.echo(
-            f"{o.seq:>6} {o.position:>5} {o.origin:<6} {status:<16} {o.node[:12]} {render_message(o.message, width=100)}"
+            f"{o.seq:>6} {o.position:>5} {o.origin:<6} {status:<16} {o.node[:12]} {render.render_message(o.message, width=100)}"
         )
     live = sum(1 for o in occurrences if o.tombstone is None)
     click.echo(f"{len(occurrences)} occurrences, {live} live, {len(occurrences) - live} tombstoned")
@@ -568,7 +412,7 @@ def _sessions_from(source: str, log_id: str | None, as_json: bool) -> None:
             escape(r["log_id"][:12]),
             escape(r["id"]),
             str(r["message_count"]),
-            _iso(r["created_ns"]) or "",
+            render.iso(r["created_ns"]) or "",
             escape(r["title"] or ""),
         )
     Console(soft_wrap=True).print(table)
@@ -588,7 +432,7 @@ def _show_from(source: str, session: str, log_id: str | None, width: int | None,
         _print_json(messages)
         return
     for r, message in zip(rows, messages):
-        click.echo(f"[{r['position']}] {render_message(message, width=width)}")
+        click.echo(f"[{r['position']}] {render.render_message(message, width=width)}")
 
 
 def _postgres(source: str) -> Any:
@@ -769,7 +613,7 @@ def search(
         click.echo("no live message matches")
         return
     for r in results:
-        click.echo(f"{r['session_id']} [{r['position']}] {r['role']}: {_clip(r['snippet'] or '', 160)}")
+        click.echo(f"{r['session_id']} [{r['position']}] {r['role']}: {render.clip(r['snippet'] or '', 160)}")
     click.echo(f"{len(results)} result(s)")
 
 
@@ -790,7 +634,7 @@ def _search_from(source: str, query: str, session: str | None, log_id: str | Non
         return
     for r in results:
         click.echo(
-            f"{r['log_id'][:12]} {r['session_id']} [{r['position']}] {r['role']}: {_clip(r['snippet'] or '', 160)}"
+            f"{r['log_id'][:12]} {r['session_id']} [{r['position']}] {r['role']}: {render.clip(r['snippet'] or '', 160)}"
         )
     click.echo(f"{len(results)} result(s)")
 
@@ -846,13 +690,22 @@ def verify(expect: list[LogHead], as_json: bool) -> None:
 
     On failure prints which event is wrong and what differs, and exits 1.
     """
-    with _open_log() as log, _progress() as bar:
-        task = bar.add_task("verify", total=None)
+    from .verify import verify_files
 
-        def advance(done: int, total: int) -> None:
-            bar.update(task, completed=done, total=max(total, 1))
+    try:
+        log = _open_log()
+    except EventLogError as e:  # damaged beyond opening: report the damaged pages the file shows
+        report = verify_files(_settings().log_path, e)
+        if not any(page.pgno for page in report.damaged_pages):
+            raise  # not an LMDB file at all, or nothing to point at: the error says it all
+    else:
+        with log, _progress() as bar:
+            task = bar.add_task("verify", total=None)
 
-        report = log.verify(progress=advance, expect=expect)
+            def advance(done: int, total: int) -> None:
+                bar.update(task, completed=done, total=max(total, 1))
+
+            report = log.verify(progress=advance, expect=expect)
     if as_json:
         _print_json(
             {
@@ -861,6 +714,9 @@ def verify(expect: list[LogHead], as_json: bool) -> None:
                 "sessions": report.sessions,
                 "messages": report.messages,
                 "problems": [{"seq": p.seq, "what": p.what} for p in report.problems],
+                "damaged_pages": [
+                    {"page": d.pgno, "table": d.table, "seqs": d.seqs, "what": d.what} for d in report.damaged_pages
+                ],
             }
         )
     elif report.ok:
@@ -876,12 +732,50 @@ def verify(expect: list[LogHead], as_json: bool) -> None:
 
 
 @cli.command()
+@click.argument("damaged", type=click.Path(file_okay=False, exists=True))
+@click.argument("new", type=click.Path(file_okay=False))
+@click.option("--json", "as_json", is_flag=True, help="Print the salvage report as JSON.")
+def salvage(damaged: str, new: str, as_json: bool) -> None:
+    """Copy every provably intact event of the damaged log DAMAGED into a new log NEW.
+
+    DAMAGED is only read, as plain bytes (it need not open). Each event copied is proven
+    by the hash chain; the report names every seq and session that was lost. Exits 0
+    when nothing was lost, 1 when something was, 2 when nothing could be done.
+    """
+    from .salvage import salvage as salvage_log
+
+    try:
+        report = salvage_log(damaged, new)
+    except OSError as e:
+        _fail(f"cannot read {damaged}: {e}")
+    if as_json:
+        _print_json({**asdict(report), "lost_ranges": report.lost_ranges(), "complete": report.complete})
+    else:
+        click.echo(
+            f"{report.events_copied} of {report.known_end} events copied into {new} "
+            f"({report.events_found} found, {report.events_proven} proven intact); "
+            f"{len(report.sessions_copied)} session(s) whole; new log {'verifies' if report.verified else 'FAILS verify'}"
+        )
+        if report.lost_seqs:
+            ranges = ", ".join(f"{a}" if a == b else f"{a}-{b}" for a, b in report.lost_ranges())
+            click.echo(f"lost events: {ranges}", err=True)
+            if report.dropped_seqs:
+                click.echo(
+                    f"  ({len(report.dropped_seqs)} of them intact, but after a loss in their session)", err=True
+                )
+        for session, why in sorted(report.sessions.items()):
+            click.echo(f"  session {session!r}: {why}", err=True)
+    if not report.complete or not report.verified:
+        sys.exit(1)
+
+
+@cli.command()
 @click.option("--json", "as_json", is_flag=True, help="Print the numbers as JSON.")
 def stats(as_json: bool) -> None:
     """Events, sessions, messages, tombstones by reason, size on disk and map size."""
     with _open_log() as log:
         info = log.info()
-        summary = summarize(log.events())
+        summary = render.summarize(log.events())
     live = sum(s.live for s in summary.sessions.values())
     numbers = {
         "path": info["path"],
@@ -915,70 +809,12 @@ def stats(as_json: bool) -> None:
     table.add_row("stored bodies", f"{summary.bodies} (+{summary.carried} carried references, not stored again)")
     table.add_row("tombstones", f"{sum(summary.tombstone_events.values())} events: {by(numbers['tombstone_events'])}")
     table.add_row("tombstoned", f"{sum(summary.tombstoned.values())} messages: {by(numbers['tombstoned_messages'])}")
-    table.add_row("size on disk", f"{_size(info['file_bytes'])} file, {_size(info['used_bytes'])} used")
-    table.add_row("map size", _size(info["map_size"]))
+    table.add_row("size on disk", f"{render.size(info['file_bytes'])} file, {render.size(info['used_bytes'])} used")
+    table.add_row("map size", render.size(info["map_size"]))
     _stdout().print(table)
 
 
-def _size(n: int) -> str:
-    value = float(n)
-    for unit in ("B", "KiB", "MiB", "GiB"):
-        if value < 1024 or unit == "GiB":
-            return f"{value:.0f} {unit}" if unit == "B" else f"{value:.1f} {unit}"
-        value /= 1024
-    return f"{n} B"  # pragma: no cover
-
-
 # -- following ----------------------------------------------------------------
-
-
-def describe(record: Record) -> str:
-    """One line for an event: seq, time, session, what happened."""
-    event = record.event
-    if isinstance(event, ev.SessionOpened):
-        what = f"opened (fork of {event.source!r} sharing {event.at})" if event.source is not None else "opened"
-    elif isinstance(event, ev.MessagesAppended):
-        what = f"appended {len(event)} at {event.position}"
-        if event.carried:
-            what += f" ({len(event.carried)} carried)"
-        if event.summaries:
-            what += f" ({event.summaries} summary)"
-    elif isinstance(event, ev.MessagesTombstoned):
-        what = f"tombstoned {event.count} from {event.position} ({event.reason})"
-    elif isinstance(event, ev.SessionClosed):
-        what = f"closed ({event.reason})" if event.reason else "closed"
-    elif isinstance(event, ev.SessionUpdated):
-        keys = sorted([*event.fields, *event.counters])
-        what = f"updated {', '.join(keys)}"
-    elif isinstance(event, ev.MessageAnnotated):
-        what = f"annotated position {event.position}"
-    else:  # pragma: no cover - every kind is handled above
-        what = type(event).__name__
-    stamp = time.strftime("%H:%M:%S", time.localtime(record.time_ns / 1e9))
-    return f"{record.seq:>8} {stamp} {event.session} {what}"
-
-
-def _event_json(record: Record) -> dict[str, Any]:
-    event = record.event
-    out: dict[str, Any] = {
-        "seq": record.seq,
-        "time": record.time_ns,
-        "session": event.session,
-        "kind": KIND_NAMES.get(record.kind, record.kind),
-    }
-    if isinstance(event, ev.MessagesAppended):
-        out.update(position=event.position, count=len(event), carried=len(event.carried), summaries=event.summaries)
-    elif isinstance(event, ev.MessagesTombstoned):
-        out.update(position=event.position, count=event.count, reason=event.reason)
-    elif isinstance(event, ev.SessionOpened):
-        out.update(source=event.source, at=event.at)
-    elif isinstance(event, ev.SessionClosed):
-        out.update(reason=event.reason)
-    elif isinstance(event, ev.SessionUpdated):
-        out.update(fields=event.fields, counters=event.counters)
-    elif isinstance(event, ev.MessageAnnotated):
-        out.update(position=event.position)
-    return out
 
 
 @cli.command()
@@ -1018,7 +854,9 @@ def tail(session: str | None, count: int, once: bool, timeout: float | None, int
             if session is not None and record.event.session != session:
                 return
             click.echo(
-                json.dumps(_event_json(record), ensure_ascii=False, default=_jsonable) if as_json else describe(record)
+                json.dumps(render.event_json(record), ensure_ascii=False, default=_jsonable)
+                if as_json
+                else render.describe(record)
             )
 
         last = log.last_seq

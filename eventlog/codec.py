@@ -11,6 +11,12 @@ whatever the key insertion order, so:
 A node digest names a message *and* everything before it, so one comparison tells
 whether two transcripts share a prefix.
 
+>>> canonical({"role": "user", "content": "hi", "_seen": True}, 0) == canonical({"content": "hi", "role": "user"}, 0)
+True
+>>> first = node_digest(ZERO, content_digest(canonical({"role": "user", "content": "ok"}, 0)))
+>>> node_digest(first, content_digest(canonical({"role": "user", "content": "ok"}, 1))) == first
+False
+
 Messages must be JSON-like: ``dict`` with ``str`` keys, ``list``/``tuple``, ``str``,
 ``int`` (64-bit), finite ``float``, ``bool`` and ``None``.  Anything else is refused
 with an :class:`~eventlog.errors.InvalidMessageError` that names the message index and

@@ -31,8 +31,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from . import events as ev
 from .log import EventLog
+from .render import summarize
 
 MAIN = "demo-main"
 BRANCH = "demo-branch"
@@ -297,7 +297,7 @@ def run_demo(
             "position": position,
             "tombstoned": edited.tombstoned,
             "appended": edited.appended,
-            "carried": _carried_since(log, before_seq),
+            "carried": summarize(log.events(after=before_seq)).carried,
         }
 
         say("undoing the last two turns (rewind)")
@@ -324,7 +324,7 @@ def run_demo(
         report.compaction = {
             "end": end,
             "tombstoned": compacted.tombstoned,
-            "carried": _carried_since(log, before_seq),
+            "carried": summarize(log.events(after=before_seq)).carried,
         }
 
         say("forking a branch to try another answer")
@@ -373,11 +373,6 @@ def run_demo(
         report.head = log.head(MAIN) or ""
     report.seconds = time.perf_counter() - started
     return report
-
-
-def _carried_since(log: EventLog, seq: int) -> int:
-    """Messages appended after event ``seq`` whose bodies were carried (referenced, not stored again)."""
-    return sum(len(r.event.carried) for r in log.events(after=seq) if isinstance(r.event, ev.MessagesAppended))
 
 
 def _project(log: EventLog, db_path: Path) -> dict[str, Any]:

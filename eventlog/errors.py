@@ -67,6 +67,13 @@ class ReadOnlyError(EventLogError):
     """The log's files cannot be written (read-only file system or permissions)."""
 
 
+class UnsafeDirectoryError(EventLogError, PermissionError):
+    """A log or spill directory that other users can write, or a planted link or file in it.
+
+    Refused unless the caller trusts the directory (``allow_shared_directory=True``).
+    """
+
+
 NEARLY_FULL = 4 << 20
 """Free bytes below which an I/O error from LMDB is reported as a full disk."""
 

@@ -11,19 +11,28 @@ payload Struct defined here.
 
 from __future__ import annotations
 
-from typing import Any, Final
+from typing import Any, ClassVar, Final, Literal, get_args
 
 import msgspec
 
+Reason = Literal["rewind", "compaction", "edit", "clear"]
+"""Why messages were tombstoned."""
+
 
 class Event(msgspec.Struct, frozen=True, kw_only=True, tag_field="k", omit_defaults=True):
-    """Base of every event payload; ``session`` is the session the event belongs to."""
+    """Base of every event payload; ``session`` is the session the event belongs to.
 
+    ``name`` is the kind's word in the command line's output (``eventlog tail --json``).
+    """
+
+    name: ClassVar[str]
     session: str
 
 
 class SessionOpened(Event, tag=1, frozen=True, kw_only=True):
     """A session came into being, optionally forked from ``source`` sharing its first ``at`` messages."""
+
+    name: ClassVar[str] = "opened"
 
     source: str | None = None
     at: int = 0
@@ -41,6 +50,8 @@ class MessagesAppended(Event, tag=2, frozen=True, kw_only=True):
     body is :data:`CARRIED` (MessagePack nil) and ``carried`` maps its index to the
     ``(seq, index)`` of the event that holds the body.
     """
+
+    name: ClassVar[str] = "appended"
 
     position: int
     digests: bytes
@@ -75,9 +86,11 @@ class MessagesTombstoned(Event, tag=3, frozen=True, kw_only=True):
     ``nodes`` holds the tombstoned node digests, concatenated.
     """
 
+    name: ClassVar[str] = "tombstoned"
+
     position: int
     nodes: bytes
-    reason: str
+    reason: Reason
 
     @property
     def count(self) -> int:
@@ -87,11 +100,29 @@ class MessagesTombstoned(Event, tag=3, frozen=True, kw_only=True):
 class SessionClosed(Event, tag=4, frozen=True, kw_only=True):
     """The session ended (``reason``: free text such as ``"user_exit"``)."""
 
+    name: ClassVar[str] = "closed"
+
     reason: str = ""
+
+
+USAGE_COUNTERS: Final = (
+    "input_tokens",
+    "output_tokens",
+    "cache_read_tokens",
+    "cache_write_tokens",
+    "reasoning_tokens",
+    "api_calls",
+    "tool_calls",
+    "cost_usd",
+)
+"""Session metadata keys that add up across updates (:data:`eventlog.COUNTERS`); projections
+give each a column of its own, in this order."""
 
 
 class SessionUpdated(Event, tag=5, frozen=True, kw_only=True):
     """Session metadata: ``fields`` merge into the session's metadata, ``counters`` add up."""
+
+    name: ClassVar[str] = "updated"
 
     fields: dict[str, Any] = {}
     counters: dict[str, float | int] = {}
@@ -99,6 +130,8 @@ class SessionUpdated(Event, tag=5, frozen=True, kw_only=True):
 
 class MessageAnnotated(Event, tag=6, frozen=True, kw_only=True):
     """A display override for an already stored, unchanged message at ``position``."""
+
+    name: ClassVar[str] = "annotated"
 
     position: int
     node: bytes
@@ -110,22 +143,20 @@ class MessageAnnotated(Event, tag=6, frozen=True, kw_only=True):
 
 
 AnyEvent = SessionOpened | MessagesAppended | MessagesTombstoned | SessionClosed | SessionUpdated | MessageAnnotated
+"""Every event kind: the decoder's union, and what readers ``match`` on (ending in
+``case _: assert_never(event)``, so the type checker names a reader that misses a kind)."""
 
-KIND: Final[dict[type, int]] = {
-    SessionOpened: 1,
-    MessagesAppended: 2,
-    MessagesTombstoned: 3,
-    SessionClosed: 4,
-    SessionUpdated: 5,
-    MessageAnnotated: 6,
-}
-"""Event class to its tag (also written in the envelope, so readers can filter without decoding)."""
+KINDS: Final[tuple[type[AnyEvent], ...]] = get_args(AnyEvent)
+
+KIND: Final[dict[type[AnyEvent], int]] = {cls: int(cls.__struct_config__.tag) for cls in KINDS}  # type: ignore[arg-type]
+"""Event class to its tag, read from the Structs themselves (the tag is also written in the
+envelope, so readers can filter without decoding)."""
+
+NAMES: Final[dict[int, str]] = {KIND[cls]: cls.name for cls in KINDS}
+"""Tag to the kind's word (:attr:`Event.name`)."""
 
 CARRIED: Final = msgspec.Raw(b"\xc0")
 """The body placeholder of a carried message (its body lives in an earlier event)."""
-
-REASONS: Final = ("rewind", "compaction", "edit", "clear")
-"""Why messages were tombstoned."""
 
 
 class AppendedBodies(msgspec.Struct, tag=2, tag_field="k"):

@@ -29,6 +29,7 @@ from typing import Any
 
 from . import codec
 from .errors import InvalidMessageError
+from .text import text_of
 
 FORMATS = ("jsonl", "openai", "sharegpt")
 """The export formats, in the order the command line lists them."""
@@ -173,7 +174,7 @@ def to_sharegpt(messages: Sequence[Mapping[str, Any]]) -> list[dict[str, str]]:
     turns: list[dict[str, str]] = []
     for message in messages:
         role = str(message.get("role", ""))
-        text = text_of(message.get("content"))
+        text = text_of(message.get("content")) or ""
         calls = tool_calls(message)
         if role == "assistant" and calls:
             if text:
@@ -206,34 +207,6 @@ def function_of(call: Any) -> Mapping[str, Any]:
     """The ``function`` object of a tool call, or an empty mapping when there is none."""
     function = call.get("function") if isinstance(call, Mapping) else None
     return function if isinstance(function, Mapping) else {}
-
-
-def text_of(content: Any) -> str:
-    """The text of a message's ``content``: a string as is, text parts of a list joined.
-
-    Images, audio and other non-text parts become placeholders such as ``[image]``.
-    """
-    if content is None:
-        return ""
-    if isinstance(content, str):
-        return content
-    if isinstance(content, list):
-        parts = []
-        for part in content:
-            if isinstance(part, str):
-                parts.append(part)
-            elif isinstance(part, Mapping):
-                kind = str(part.get("type", "part"))
-                if isinstance(part.get("text"), str):
-                    parts.append(part["text"])
-                elif kind in ("image_url", "input_image", "image"):
-                    parts.append("[image]")
-                elif kind in ("input_audio", "audio"):
-                    parts.append("[audio]")
-                else:
-                    parts.append(f"[{kind}]")
-        return "\n".join(parts)
-    return _dumps(content)
 
 
 def _dumps(value: Any) -> str:

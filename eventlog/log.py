@@ -8,17 +8,21 @@ import threading
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import ExitStack
+from dataclasses import dataclass
 from typing import Any, TypeVar
 
+import lmdb
+
 from . import codec
-from .codec import ZERO
+from . import events as ev
 from .errors import InvalidMessageError
+from .keys import SessionState
 from .projector import Projection, Projector, bind
 from .replay import BodyReader, Occurrence, SessionInfo, fill, paused_gc, repair, replay, session_info
 from .snapshot import ChangedSince, Prepared, SnapshotCache, is_ephemeral, prepare, release
 from .store import Record, Store, iter_events
 from .verify import LogHead, VerifyReport, verify
-from .writer import EMPTY_HEAD, SUMMARY_KEY, FlushResult, Writer, _head_hex
+from .writer import EMPTY_HEAD, SUMMARY_KEY, FlushResult, Snapshot, Writer, _head_hex
 
 __all__ = [
     "COUNTERS",
@@ -33,18 +37,7 @@ __all__ = [
 
 logger = logging.getLogger("eventlog")
 
-COUNTERS = frozenset(
-    {
-        "input_tokens",
-        "output_tokens",
-        "cache_read_tokens",
-        "cache_write_tokens",
-        "reasoning_tokens",
-        "cost_usd",
-        "api_calls",
-        "tool_calls",
-    }
-)
+COUNTERS = frozenset(ev.USAGE_COUNTERS)
 """Session metadata keys that add up across :meth:`EventLog.update_session` calls."""
 
 MAX_SESSION_ID_BYTES = 256
@@ -72,6 +65,19 @@ T = TypeVar("T")
 TURNS_KEPT = 4096
 """Sessions whose turn lock a log keeps after their flushes end (beyond this, those no flush
 is using are forgotten)."""
+
+
+_EMPTY = FlushResult(0, 0, 0, None)
+
+
+@dataclass(slots=True)
+class _Wanted:
+    """One session of a flush as the caller gave it."""
+
+    session_id: str
+    messages: Sequence[Mapping[str, Any]]
+    overrides: Mapping[int, Mapping[str, Any]] | None
+    expected: bytes | None
 
 
 class _Turn:
@@ -194,6 +200,7 @@ class EventLog:
         projections: Sequence[Projection] = (),
         project_in_background: bool = True,
         readonly: bool = False,
+        allow_shared_directory: bool = False,
     ) -> EventLog:
         """Open (creating when needed) the log in directory ``path``.
 
@@ -215,8 +222,21 @@ class EventLog:
         (``project_in_background``, the default), so a write returns once the log has
         committed it, or inside the write call.  Projections that read through their
         own API wait for the background thread first; see :meth:`sync_projections`.
+
+        A directory that users other than this one can write (or that another user owns)
+        is refused with :class:`~eventlog.errors.UnsafeDirectoryError`, as is a symlink
+        or another user's file in place of the log's files: whoever can write the
+        directory could otherwise make this process write through a planted link.
+        ``allow_shared_directory=True`` trusts the directory (docs/reliability.md).
         """
-        store = Store(path, durability=durability, map_size=map_size, max_map_size=max_map_size, readonly=readonly)
+        store = Store(
+            path,
+            durability=durability,
+            map_size=map_size,
+            max_map_size=max_map_size,
+            readonly=readonly,
+            allow_shared_directory=allow_shared_directory,
+        )
         log = cls(
             store,
             ephemeral=ephemeral,
@@ -236,7 +256,14 @@ class EventLog:
     # -- lifecycle -------------------------------------------------------------
 
     def close(self) -> None:
-        """Bring the attached projections up to date, then close the log; it cannot be used afterwards."""
+        """Bring the attached projections up to date, then close the log; it cannot be used afterwards.
+
+        In a child process that inherited the log through ``fork()``, where every use of it
+        is refused, this only marks it closed: the log's files and locks stay the parent's.
+        """
+        if self._store.forked:
+            self._store.close()
+            return
         if self._projector is not None:
             self._projector.close()
         self._cache.clear()
@@ -344,7 +371,7 @@ class EventLog:
         turn = self._turns_of([session_id])[0]
         try:
             with turn.lock:
-                return self._flush(session_id, messages, overrides, expected, replace)
+                return self._flush([_Wanted(session_id, messages, overrides, expected)], replace, named=False)[0]
         finally:
             with self._turns_guard:
                 turn.users -= 1  # a count an interrupt leaves high only keeps the entry longer
@@ -374,76 +401,88 @@ class EventLog:
                 out.append(turn)
         return out
 
-    def _flush(
-        self,
-        session_id: str,
-        messages: Sequence[Mapping[str, Any]],
-        overrides: Mapping[int, Mapping[str, Any]] | None,
-        expected: bytes | None,
-        replace: bool,
-    ) -> FlushResult:
-        # The cached entry is taken out while this flush extends it.
-        previous = self._cache.take(session_id)
-        try:
-            prepared = prepare(
-                messages, previous, ephemeral=self._ephemeral, trust_identity=self._trust_identity, owned=True
-            )
-        except BaseException:
-            if previous is not None:
-                self._cache.put(session_id, previous)
-            raise
-        # Whatever happens next, ``prepared`` is what this list hashes to: cache it, unless the
-        # flush is interrupted (Ctrl-C): a group commit may then still be running its write
-        # with ``prepared``, and no other flush may take it from the cache and extend it meanwhile.
+    def _flush(self, wanted: list[_Wanted], replace: bool, *, named: bool) -> list[FlushResult]:
+        """The flush of every list of ``wanted`` in one write (none when all are stored).
+
+        ``named``: errors about a message name its session (a flush of several).
+        """
+        store, writer = self._store, self._writer
+        # Each session's cached entry is taken out while this flush extends it.  Whatever
+        # happens next, what a list was prepared into is what it hashes to: it goes back to
+        # the cache, unless the flush is interrupted (Ctrl-C): a group commit may then still
+        # be running its write with it, and no other flush may extend it meanwhile.
+        taken: list[Prepared | None] = []
+        snapshots: list[Snapshot] = []
         interrupted = False
         try:
-            notes = self._overrides(overrides, prepared)
-            store = self._store
+            for want in wanted:
+                taken.append(self._cache.take(want.session_id))
+                snapshots.append(self._snapshot(want, taken[-1], replace, named))
             # Most flushes change nothing (several exit paths flush the same list): decide
             # that in a read transaction, with no write lock and no sync.
+            states: list[SessionState | None] = []
+            stored = True
             with store.read() as txn:
-                state = store.session(txn, session_id)
-                if (
-                    state is not None
-                    and len(prepared.nodes) == state.length
-                    and (state.length == 0 or prepared.nodes[-1] == state.head)
-                    and not self._writer.pending_notes(txn, state, notes, prepared)
-                ):
-                    release(prepared)  # all of it is stored
-                    return FlushResult(0, 0, state.length, _head_hex(state.length, state.head))
-                if state is None and not prepared.nodes:
-                    return FlushResult(0, 0, 0, None)
-            try:
-                result = self._write_flush(session_id, prepared, notes, expected, replace, state.length if state else 0)
-            except ChangedSince:
-                # A message the cache had let go of changed in place meanwhile: hash the list afresh.
-                prepared = prepare(messages, None, ephemeral=self._ephemeral, trust_identity=self._trust_identity)
-                notes = self._overrides(overrides, prepared)
-                result = self._write_flush(session_id, prepared, notes, expected, replace, 0)
-            release(prepared)  # the list is now the stored transcript
+                for snapshot in snapshots:
+                    state = store.session(txn, snapshot.session_id)
+                    states.append(state)
+                    stored = stored and writer.holds(txn, state, snapshot)
+            if stored:
+                results = [FlushResult(0, 0, s.length, _head_hex(s.length, s.head)) if s else _EMPTY for s in states]
+            else:
+                try:
+                    results = self._write_flushes(snapshots, [state.length if state else 0 for state in states])
+                except ChangedSince:
+                    # A message the cache had let go of changed in place meanwhile: hash the lists afresh.
+                    snapshots = [self._snapshot(want, None, replace, named) for want in wanted]
+                    results = self._write_flushes(snapshots, [0] * len(snapshots))
+            for snapshot in snapshots:
+                release(snapshot.prepared)  # every list is now its stored transcript
         except Exception:
             raise
         except BaseException:
             interrupted = True
             raise
         finally:
-            if not interrupted:
-                self._cache.put(session_id, prepared)
-        self._after_write()
-        return result
+            for i, previous in enumerate(taken):
+                if i >= len(snapshots):
+                    entry = previous  # its list was not prepared: the entry is as it was
+                elif interrupted:
+                    continue
+                else:
+                    entry = snapshots[i].prepared
+                if entry is not None:
+                    self._cache.put(wanted[i].session_id, entry)
+        if not stored:
+            self._after_write()
+        return results
 
-    def _write_flush(
-        self,
-        session_id: str,
-        prepared: Prepared,
-        notes: dict[int, dict[str, Any]],
-        expected: bytes | None,
-        replace: bool,
-        stored: int,
-    ) -> FlushResult:
-        """The write of :meth:`flush`, with room reserved for the bodies after the ``stored`` ones."""
-        self._store.reserve(_room(prepared, stored))
-        return self._store.write(lambda txn: self._writer.flush(txn, session_id, prepared, notes, expected, replace))
+    def _snapshot(self, want: _Wanted, previous: Prepared | None, replace: bool, named: bool) -> Snapshot:
+        """``want``'s list prepared (extending ``previous``, the cached entry) for the writer."""
+        try:
+            prepared = prepare(
+                want.messages,
+                previous,
+                ephemeral=self._ephemeral,
+                trust_identity=self._trust_identity,
+                owned=True,
+            )
+        except InvalidMessageError as e:
+            if not named:
+                raise
+            raise InvalidMessageError(f"session {want.session_id!r}: {e}", index=e.index, path=e.path) from None
+        return Snapshot(want.session_id, prepared, self._overrides(want.overrides, prepared), want.expected, replace)
+
+    def _write_flushes(self, snapshots: list[Snapshot], stored: list[int]) -> list[FlushResult]:
+        """The write of a flush, with room reserved for the bodies after the ``stored`` ones."""
+        writer = self._writer
+
+        def body(txn: lmdb.Transaction) -> list[FlushResult]:
+            now = time.time_ns()  # one time for the whole write: projections show all of it or none
+            return [writer.flush(txn, snapshot, now) for snapshot in snapshots]
+
+        self._store.reserve(sum(_room(snapshot.prepared, n) for snapshot, n in zip(snapshots, stored)))
+        return self._store.write(body)
 
     def flush_many(
         self,
@@ -470,90 +509,26 @@ class EventLog:
         """
         if isinstance(transcripts, (str, bytes)) or not isinstance(transcripts, Mapping):
             raise TypeError(f"transcripts must map session ids to lists of messages, not {type(transcripts).__name__}")
-        for session_id in transcripts:
+        for session_id, messages in transcripts.items():
             check_session_id(session_id)
+            if isinstance(messages, (str, bytes, Mapping)) or not isinstance(messages, Sequence):
+                raise TypeError(
+                    f"session {session_id!r}: messages must be a list of message dicts, not {type(messages).__name__}"
+                )
         expected = _expected_heads(expected_heads, transcripts)
         _flag(replace, "replace")
+        wanted = [
+            _Wanted(session_id, messages, None, expected.get(session_id))
+            for session_id, messages in transcripts.items()
+        ]
         turns = self._turns_of(sorted(transcripts))  # one order everywhere: no deadlock
         try:
-            return _holding([turn.lock for turn in turns], lambda: self._flush_many(transcripts, expected, replace))
+            results = _holding([turn.lock for turn in turns], lambda: self._flush(wanted, replace, named=True))
+            return {want.session_id: result for want, result in zip(wanted, results)}
         finally:
             with self._turns_guard:
                 for turn in turns:
                     turn.users -= 1
-
-    def _flush_many(
-        self, transcripts: Mapping[str, Sequence[Mapping[str, Any]]], expected: dict[str, bytes], replace: bool
-    ) -> dict[str, FlushResult]:
-        store, writer = self._store, self._writer
-        taken: dict[str, Prepared | None] = {}  # each session's cached entry, taken out as in flush
-        prepared: dict[str, Prepared] = {}
-        interrupted = False
-        try:
-            for session_id, messages in transcripts.items():
-                if isinstance(messages, (str, bytes, Mapping)) or not isinstance(messages, Sequence):
-                    raise TypeError(
-                        f"session {session_id!r}: messages must be a list of message dicts, not {type(messages).__name__}"
-                    )
-                taken[session_id] = self._cache.take(session_id)
-                try:
-                    prepared[session_id] = prepare(
-                        messages,
-                        taken[session_id],
-                        ephemeral=self._ephemeral,
-                        trust_identity=self._trust_identity,
-                        owned=True,
-                    )
-                except InvalidMessageError as e:
-                    raise InvalidMessageError(f"session {session_id!r}: {e}", index=e.index, path=e.path) from None
-            with store.read() as txn:  # as in flush: when every list is stored, no write and no sync
-                stored = {session_id: store.session(txn, session_id) for session_id in prepared}
-            lengths = {session_id: state.length if state else 0 for session_id, state in stored.items()}
-            heads = {session_id: state.head if state else ZERO for session_id, state in stored.items()}
-            wrote = not all(
-                len(p.nodes) == lengths[session_id] and (not p.nodes or p.nodes[-1] == heads[session_id])
-                for session_id, p in prepared.items()
-            )
-            if not wrote:
-                results = {
-                    session_id: FlushResult(0, 0, n, _head_hex(n, heads[session_id]))
-                    for session_id, n in lengths.items()
-                }
-            else:
-
-                def body(txn: Any) -> dict[str, FlushResult]:
-                    now = time.time_ns()  # one time for the whole write: projections show all of it or none
-                    return {
-                        session_id: writer.flush(txn, session_id, p, {}, expected.get(session_id), replace, now)
-                        for session_id, p in prepared.items()
-                    }
-
-                store.reserve(sum(_room(p, lengths[session_id]) for session_id, p in prepared.items()))
-                try:
-                    results = store.write(body)
-                except ChangedSince:  # as in flush: a message changed in place meanwhile; hash afresh
-                    for session_id, messages in transcripts.items():
-                        prepared[session_id] = prepare(
-                            messages, None, ephemeral=self._ephemeral, trust_identity=self._trust_identity
-                        )
-                    store.reserve(sum(_room(p, 0) for p in prepared.values()))
-                    results = store.write(body)
-            for p in prepared.values():
-                release(p)  # every list is now its stored transcript
-        except Exception:
-            raise
-        except BaseException:
-            interrupted = True  # as in flush: a group commit may still be using the entries
-            raise
-        finally:
-            if not interrupted:
-                for session_id, previous in taken.items():
-                    entry = prepared.get(session_id, previous)
-                    if entry is not None:
-                        self._cache.put(session_id, entry)
-        if wrote:
-            self._after_write()
-        return results
 
     def append(
         self,
@@ -573,21 +548,16 @@ class EventLog:
         if isinstance(messages, (str, bytes, Mapping)) or not isinstance(messages, Sequence):
             raise TypeError(f"messages must be a list of message dicts, not {type(messages).__name__}")
         prepared = prepare(messages, None, ephemeral=self._ephemeral, chain=False)
-
-        self._store.reserve(_room(prepared, 0))
-        result = self._store.write(lambda txn: self._writer.append(txn, session_id, prepared, expected))
-        self._cache.discard(session_id)
-        self._after_write()
-        return result
+        return self._write(
+            lambda txn: self._writer.append(txn, session_id, prepared, expected),
+            changes=session_id,
+            room=_room(prepared, 0),
+        )
 
     def rewind(self, session_id: str, *, to: int) -> FlushResult:
         """Keep the first ``to`` messages; tombstone the rest (reason ``rewind``)."""
         check_session_id(session_id)
-
-        result = self._store.write(lambda txn: self._writer.rewind(txn, session_id, to))
-        self._cache.discard(session_id)
-        self._after_write()
-        return result
+        return self._write(lambda txn: self._writer.rewind(txn, session_id, to), changes=session_id)
 
     def compact(
         self,
@@ -608,11 +578,9 @@ class EventLog:
         check_session_id(session_id)
         expected = _head_bytes(expected_head)
         prepared = prepare(summary, None, ephemeral=lambda m: False, chain=False)
-
-        result = self._store.write(lambda txn: self._writer.compact(txn, session_id, start, end, prepared, expected))
-        self._cache.discard(session_id)
-        self._after_write()
-        return result
+        return self._write(
+            lambda txn: self._writer.compact(txn, session_id, start, end, prepared, expected), changes=session_id
+        )
 
     def fork(self, source_id: str, new_id: str, at: int | None = None) -> FlushResult:
         """Start session ``new_id`` sharing the first ``at`` live messages of ``source_id``.
@@ -622,10 +590,7 @@ class EventLog:
         """
         check_session_id(source_id)
         check_session_id(new_id)
-
-        result = self._store.write(lambda txn: self._writer.fork(txn, source_id, new_id, at))
-        self._after_write()
-        return result
+        return self._write(lambda txn: self._writer.fork(txn, source_id, new_id, at))
 
     def update_session(self, session_id: str, **fields: Any) -> None:
         """Record session metadata (title, model, source, free-form keys).
@@ -650,18 +615,14 @@ class EventLog:
             raise InvalidMessageError(str(e).replace("messages[0]", "update_session fields")) from None
         if not plain and not counters:
             return
-
-        self._store.write(lambda txn: self._writer.update(txn, session_id, plain, counters))
-        self._after_write()
+        self._write(lambda txn: self._writer.update(txn, session_id, plain, counters))
 
     def close_session(self, session_id: str, *, reason: str = "") -> None:
         """Record that the session ended (``reason``: free text such as ``"user_exit"``)."""
         check_session_id(session_id)
         if not isinstance(reason, str):
             raise TypeError(f"reason must be a str, not {type(reason).__name__}")
-
-        self._store.write(lambda txn: self._writer.close(txn, session_id, reason))
-        self._after_write()
+        self._write(lambda txn: self._writer.close(txn, session_id, reason))
 
     # -- reading ---------------------------------------------------------------
 
@@ -724,9 +685,11 @@ class EventLog:
                     live = live[len(live) - last :] if last else []
                 out = reader.messages((bytes.fromhex(occurrences[i].digest), *occurrences[i].source) for i in live)
             elif last is not None:
+                reader.current(session_id, state)
                 start = max(0, state.length - last)
                 out = reader.messages(store.locations(txn, state.number, state.length, start))
             else:
+                reader.current(session_id, state)
                 with paused_gc(state.length):
                     found = reader.appended(state)
                     out = (
@@ -806,6 +769,17 @@ class EventLog:
         return verify(self._store, progress=progress, expect=expect)
 
     # -- internals -------------------------------------------------------------
+
+    def _write(self, body: Callable[[lmdb.Transaction], T], *, changes: str | None = None, room: int = 0) -> T:
+        """A delta write: ``body`` in one write transaction (with ``room`` bytes reserved first);
+        then the cached list of the session it ``changes`` is forgotten, and projections told."""
+        if room:
+            self._store.reserve(room)
+        result = self._store.write(body)
+        if changes is not None:
+            self._cache.discard(changes)
+        self._after_write()
+        return result
 
     def _after_write(self) -> None:
         if self._projector is not None:

@@ -18,10 +18,9 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING, Protocol
+from typing import Protocol
 
-if TYPE_CHECKING:
-    from .log import EventLog
+from .source import EventSource
 
 logger = logging.getLogger("eventlog")
 
@@ -42,12 +41,13 @@ RETRY_MAX = 5.0
 class Projection(Protocol):
     """What :meth:`EventLog.open` accepts in ``projections``.
 
-    ``catch_up(log)`` applies the log's events after the projection's checkpoint.
+    ``catch_up(log)`` applies the log's events after the projection's checkpoint; it
+    reads the log through :class:`~eventlog.source.EventSource` alone.
     A projection may also define ``bind(wait)``: the log then hands it a callable
     that blocks until every write made so far has been applied, for its readers.
     """
 
-    def catch_up(self, log: EventLog) -> int: ...
+    def catch_up(self, log: EventSource) -> int: ...
 
 
 class Projector:
@@ -60,7 +60,7 @@ class Projector:
     It never fails the write, which is already committed.
     """
 
-    def __init__(self, log: EventLog, projections: Sequence[Projection]) -> None:
+    def __init__(self, log: EventSource, projections: Sequence[Projection]) -> None:
         self._log = log
         self._projections = list(projections)
         # Always taken as `with self._lock` (C code), never through the Condition's Python

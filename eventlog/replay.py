@@ -16,14 +16,14 @@ from dataclasses import dataclass, field
 from hashlib import sha256
 from itertools import groupby
 from operator import itemgetter
-from typing import Any, Final
+from typing import Any, Final, assert_never
 
 import lmdb
 import msgspec
 
 from . import events as ev
 from .errors import CorruptLogError
-from .keys import HEADER, SEQ, STATE, SessionState, state_key
+from .keys import HEADER, SEQ, STATE, SessionState, chain_key, state_key
 from .store import Store
 
 
@@ -80,6 +80,11 @@ def paused_gc(count: int, threshold: int = 1000) -> Iterator[None]:
             gc.freeze()
             gc.unfreeze()
         gc.enable()
+
+
+RECENT_EVENTS = 64
+"""How many of the log's newest events a read of a live transcript looks at for a later event
+of the session than its index entry names (see :meth:`BodyReader.current`)."""
 
 
 class BodyReader:
@@ -191,6 +196,50 @@ class BodyReader:
             return ev.bodies_decoder.decode(memoryview(raw)[HEADER.size :])
         except msgspec.DecodeError as e:
             raise CorruptLogError(f"{self.store.path}: event {seq} holds no readable message bodies ({e})") from e
+
+    def current(self, session_id: str, state: SessionState) -> None:
+        """Check that ``state`` is the session's newest, as its events say, before it is used.
+
+        The state names the session's last event and that event's hash: the event must be
+        there, belong to the session and hash to it.  And none of the log's newest
+        :data:`RECENT_EVENTS` events may be a later event of the session.  So a state left
+        behind by a lost write of its index page is :class:`CorruptLogError`, never the
+        transcript from before an acknowledged write, as long as the session wrote within
+        the log's last :data:`RECENT_EVENTS` events; an older stale page is only found by
+        :func:`~eventlog.verify.verify`.  Costs one event hashed and a few cursor steps.
+        """
+        store, txn = self.store, self.txn
+        stale = CorruptLogError(
+            f"{store.path}: the index entry of session {session_id!r} is not the one its events "
+            "left (a lost or stale index page; run verify)"
+        )
+        if state.last_seq:
+            raw = store.raw_event(txn, state.last_seq)
+            if raw is None or len(raw) < HEADER.size or HEADER.unpack_from(raw)[3] != state.number:
+                raise stale
+            digest = sha256(SEQ.pack(state.last_seq))
+            digest.update(raw)
+            if digest.digest() != state.last_hash:
+                raise stale
+        # The live chain must end at the state's head, and not go on past its length.
+        if state.length and store.link(txn, state.number, state.length - 1)[0] != state.head:
+            raise stale
+        if txn.get(chain_key(state.number, state.length), db=store.index) is not None:
+            raise stale
+        cursor = txn.cursor(db=store.events)
+        if not cursor.last():
+            if state.last_seq:
+                raise stale
+            return
+        for _ in range(RECENT_EVENTS):
+            seq = store.seq_of(cursor.key())
+            if seq <= state.last_seq:
+                return
+            value = cursor.value()
+            if len(value) >= HEADER.size and HEADER.unpack_from(value)[3] == state.number:
+                raise stale
+            if not cursor.prev():
+                return
 
     def appended(self, state: SessionState) -> list[dict[str, Any]] | None:
         """The live transcript of a session that only ever appended, read from its events alone.
@@ -334,14 +383,20 @@ def session_info(store: Store, txn: lmdb.Transaction, session_id: str) -> Sessio
     fork_position: int | None = None
     for seq in reversed(wanted):
         event = store.decode(seq, reader.checked(seq))
-        if isinstance(event, ev.SessionUpdated):
-            metadata.update(event.fields)
-            for key, value in event.counters.items():
-                counters[key] = counters.get(key, 0) + value
-        elif isinstance(event, ev.SessionClosed):
-            close_reason = event.reason
-        elif isinstance(event, ev.SessionOpened) and event.source is not None:
-            forked_from, fork_position = event.source, event.at
+        match event:
+            case ev.SessionUpdated():
+                metadata.update(event.fields)
+                for key, value in event.counters.items():
+                    counters[key] = counters.get(key, 0) + value
+            case ev.SessionClosed():
+                close_reason = event.reason
+            case ev.SessionOpened():
+                if event.source is not None:
+                    forked_from, fork_position = event.source, event.at
+            case ev.MessagesAppended() | ev.MessagesTombstoned() | ev.MessageAnnotated():
+                pass  # not in _INFO_KINDS: never decoded here
+            case _:
+                assert_never(event)
     return SessionInfo(
         id=session_id,
         length=state.length,
@@ -402,50 +457,55 @@ def _replay(reader: BodyReader, session_id: str, upto: int | None) -> tuple[list
     live: list[int] = []
     for seq in session_events(store, txn, state, upto):
         event = store.decode(seq, reader.checked(seq))  # checked against its hash: not hashed again
-        if isinstance(event, ev.MessagesAppended):
-            if event.position != len(live):
-                raise CorruptLogError(
-                    f"{store.path}: event {seq} appends at position {event.position}, "
-                    f"but session {session_id!r} has {len(live)} live messages"
-                )
-            for i in range(len(event)):
-                carried = event.carried.get(i)
-                live.append(len(occurrences))
-                occurrences.append(
-                    Occurrence(
-                        position=event.position + i,
-                        node=event.node(i).hex(),
-                        digest=event.digest(i).hex(),
-                        seq=seq,
-                        origin="append" if carried is None else "carry",
-                        source=(seq, i) if carried is None else (carried[0], carried[1]),
-                        override=event.overrides.get(i),
+        match event:
+            case ev.MessagesAppended():
+                if event.position != len(live):
+                    raise CorruptLogError(
+                        f"{store.path}: event {seq} appends at position {event.position}, "
+                        f"but session {session_id!r} has {len(live)} live messages"
                     )
-                )
-        elif isinstance(event, ev.MessagesTombstoned):
-            stone = Tombstone(event.reason, seq)
-            for index in live[event.position :]:
-                occurrences[index].tombstone = stone
-            del live[event.position :]
-        elif isinstance(event, ev.MessageAnnotated):
-            if event.position < len(live):
-                occurrences[live[event.position]].override = event.override
-        elif isinstance(event, ev.SessionOpened) and event.source is not None:
-            source_occ, source_live = _replay(reader, event.source, seq)
-            for position, index in enumerate(source_live[: event.at]):
-                shared = source_occ[index]
-                live.append(len(occurrences))
-                occurrences.append(
-                    Occurrence(
-                        position=position,
-                        node=shared.node,
-                        digest=shared.digest,
-                        seq=seq,
-                        origin="fork",
-                        source=shared.source,
-                        override=shared.override,
+                for i in range(len(event)):
+                    carried = event.carried.get(i)
+                    live.append(len(occurrences))
+                    occurrences.append(
+                        Occurrence(
+                            position=event.position + i,
+                            node=event.node(i).hex(),
+                            digest=event.digest(i).hex(),
+                            seq=seq,
+                            origin="append" if carried is None else "carry",
+                            source=(seq, i) if carried is None else (carried[0], carried[1]),
+                            override=event.overrides.get(i),
+                        )
                     )
-                )
+            case ev.MessagesTombstoned():
+                stone = Tombstone(event.reason, seq)
+                for index in live[event.position :]:
+                    occurrences[index].tombstone = stone
+                del live[event.position :]
+            case ev.MessageAnnotated():
+                if event.position < len(live):
+                    occurrences[live[event.position]].override = event.override
+            case ev.SessionOpened() if event.source is not None:
+                source_occ, source_live = _replay(reader, event.source, seq)
+                for position, index in enumerate(source_live[: event.at]):
+                    shared = source_occ[index]
+                    live.append(len(occurrences))
+                    occurrences.append(
+                        Occurrence(
+                            position=position,
+                            node=shared.node,
+                            digest=shared.digest,
+                            seq=seq,
+                            origin="fork",
+                            source=shared.source,
+                            override=shared.override,
+                        )
+                    )
+            case ev.SessionOpened() | ev.SessionClosed() | ev.SessionUpdated():
+                pass
+            case _:
+                assert_never(event)
     return occurrences, live
 
 

@@ -60,6 +60,7 @@ from .errors import (
     StorageFullError,
     UnknownSessionError,
 )
+from .files import check_private_directory
 from .log import SUMMARY_KEY, EventLog, FlushResult, check_session_id
 from .snapshot import is_ephemeral
 
@@ -113,10 +114,12 @@ class SpillingWriter:
         spill_dir: str | os.PathLike[str],
         *,
         ephemeral: Callable[[Any], bool] = is_ephemeral,
+        allow_shared_directory: bool = False,
     ) -> None:
         self.log = log
         self.spill_dir = Path(spill_dir)
         self._ephemeral = ephemeral
+        self._allow_shared = allow_shared_directory
         self._spilled: set[str] = set()
 
     def flush(
@@ -142,7 +145,7 @@ class SpillingWriter:
             error = e if isinstance(e, EventLogError) else EventLogError(str(e))
             lines = self._lines(session_id, messages, overrides, replace, self._head(session_id))
             try:
-                path = write_spill(self.spill_dir, session_id, lines)
+                path = write_spill(self.spill_dir, session_id, lines, allow_shared_directory=self._allow_shared)
             except OSError as spill_error:
                 raise spill_error from e
             self._spilled.add(session_id)
@@ -186,10 +189,24 @@ class SpillingWriter:
         return [header, *body_lines]
 
 
-def write_spill(spill_dir: str | os.PathLike[str], session_id: str, lines: list[dict[str, Any]]) -> Path:
-    """Atomically replace ``session_id``'s spill file with ``lines`` (written, fsynced, renamed)."""
+def write_spill(
+    spill_dir: str | os.PathLike[str],
+    session_id: str,
+    lines: list[dict[str, Any]],
+    *,
+    allow_shared_directory: bool = False,
+) -> Path:
+    """Atomically replace ``session_id``'s spill file with ``lines`` (written, fsynced, renamed).
+
+    The temporary file has an unguessable name and is created exclusively, and the rename
+    replaces a link rather than following it.  A directory other users can write is
+    refused (:class:`~eventlog.errors.UnsafeDirectoryError`) unless
+    ``allow_shared_directory``: its other users could plant spill files that
+    :func:`recover` would write into the log.
+    """
     directory = Path(spill_dir)
-    directory.mkdir(parents=True, exist_ok=True)
+    directory.mkdir(mode=0o700, parents=True, exist_ok=True)
+    check_private_directory(directory, what="spill", allow_shared=allow_shared_directory)
     target = directory / spill_name(session_id)
     fd, tmp = tempfile.mkstemp(prefix=".spill-", suffix=".tmp", dir=directory)
     try:
@@ -280,7 +297,9 @@ def read_spill(
     return session_id, messages, overrides, replace, base
 
 
-def recover(log: EventLog, spill_dir: str | os.PathLike[str]) -> RecoveryReport:
+def recover(
+    log: EventLog, spill_dir: str | os.PathLike[str], *, allow_shared_directory: bool = False
+) -> RecoveryReport:
     """Fold every spill file in ``spill_dir`` back into ``log``, without duplicates.
 
     A spill records the session's head at spill time (its ``base``).  While the
@@ -295,12 +314,16 @@ def recover(log: EventLog, spill_dir: str | os.PathLike[str]) -> RecoveryReport:
     diverges from newer history, one whose old head is unknown and that would
     tombstone) is kept and reported in :attr:`RecoveryReport.kept`, never applied
     over newer history.  Each file is removed once its list is in the log, so an
-    interrupted recovery is simply run again.  Errors of the log itself are raised.
+    interrupted recovery is simply run again.  Errors of the log itself are raised, and
+    :class:`~eventlog.errors.UnsafeDirectoryError` for a directory other users can write
+    (unless ``allow_shared_directory``).
     """
     report = RecoveryReport()
     directory = Path(spill_dir)
     if not directory.is_dir():
         return report
+    # Whoever can write the directory decides what is written into the log: refuse others.
+    check_private_directory(directory, what="spill", allow_shared=allow_shared_directory)
     for path in sorted(directory.glob(f"*{SUFFIX}")):
         try:
             session_id, messages, overrides, replace, base = read_spill(path)

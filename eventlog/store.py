@@ -23,10 +23,12 @@ session's events are linked backwards through the envelope.
 
 from __future__ import annotations
 
+import errno
 import os
 import struct
 import threading
 import time
+import weakref
 from collections import defaultdict
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -38,8 +40,8 @@ import lmdb
 
 from . import events as ev
 from .commit import WAKE_POLL, GroupCommit, Tip
-from .errors import CorruptLogError, EventLogError, translate
-from .files import write_atomic
+from .errors import CorruptLogError, EventLogError, ReadOnlyError, StorageFullError, UnsafeDirectoryError, translate
+from .files import check_private_directory, open_own_file, reserve_lock_file, write_atomic
 from .keys import (
     FORMAT,
     HEADER,
@@ -94,6 +96,61 @@ MARKER = "eventlog.id"
 or missing data file is damage, not a log still being created by another process."""
 
 
+def _prepare_files(path: str, readonly: bool, allow_shared: bool) -> None:
+    """Refuse a directory others can write, and create LMDB's files safely before it opens them.
+
+    LMDB opens ``lock.mdb`` and ``data.mdb`` by name, following symlinks; so they are
+    created here first with ``O_NOFOLLOW``, and a planted link or another user's file is
+    refused.  The lock file also gets its blocks (see :func:`~eventlog.files.reserve_lock_file`),
+    so that a full disk is :class:`StorageFullError`, not SIGBUS.
+    """
+    try:
+        check_private_directory(path, what="log", allow_shared=allow_shared)
+        lock = os.path.join(path, "lock.mdb")
+        if not readonly:
+            reserve_lock_file(lock)
+            os.close(open_own_file(os.path.join(path, "data.mdb"), create=True))
+        elif os.path.lexists(lock):
+            try:
+                os.close(open_own_file(lock, create=False))
+            except OSError as e:
+                if not isinstance(e, UnsafeDirectoryError) and e.errno in (errno.EROFS, errno.EACCES):
+                    return  # a read-only file system or a file we may not write: LMDB reads without it
+                raise
+    except UnsafeDirectoryError:
+        raise
+    except OSError as e:
+        if e.errno in (errno.ENOSPC, errno.EDQUOT):
+            raise StorageFullError(f"{path}: no space left on device for the log's files ({e})") from e
+        if e.errno in (errno.EROFS, errno.EACCES, errno.EPERM):
+            raise ReadOnlyError(f"{path}: cannot write the log's files ({e})") from e
+        raise
+
+
+_OPEN: weakref.WeakSet[Store] = weakref.WeakSet()
+"""Every store open in this process, for :func:`_inherited_by_child`."""
+
+
+def _inherited_by_child() -> None:
+    """After ``fork()``, in the child: keep every inherited environment and open read
+    transaction alive for good.
+
+    The child's copies share the parent's lock file: freeing one (explicitly, or when the
+    interpreter exits) aborts its transactions, which releases reader slots that are the
+    parent's, and a snapshot the parent holds open then loses its pages to the next
+    writer (``MDB_PAGE_NOTFOUND``).  So they are never freed; every use in the child is
+    refused (:meth:`Store.slot`), and ``close()`` there only marks the store closed.
+    """
+    import ctypes
+
+    for store in list(_OPEN):
+        for held in (store.env, *store._live):
+            ctypes.pythonapi.Py_IncRef(ctypes.py_object(held))
+
+
+os.register_at_fork(after_in_child=_inherited_by_child)
+
+
 class Store:
     """An open LMDB environment holding one log.
 
@@ -111,6 +168,7 @@ class Store:
         map_size: int = 16 * MIB,
         max_map_size: int | None = None,
         readonly: bool = False,
+        allow_shared_directory: bool = False,
     ) -> None:
         if durability not in DURABILITY:
             raise ValueError(f"durability must be one of {sorted(DURABILITY)}, not {durability!r}")
@@ -126,6 +184,8 @@ class Store:
             map_size = min(map_size, max_map_size)
         data = os.path.join(self.path, "data.mdb")
         marker = os.path.join(self.path, MARKER)
+        if os.path.islink(marker):  # planted: the marker is only ever a file this code wrote
+            raise UnsafeDirectoryError(f"{marker} is a symbolic link; refusing to follow it")
         if os.path.exists(marker) and (not os.path.exists(data) or os.path.getsize(data) < 2 * PAGE):
             # This directory held a log (the marker is written once it exists), so an empty
             # or missing data file is damage; LMDB would quietly start a new, empty log.
@@ -133,6 +193,7 @@ class Store:
             raise CorruptLogError(
                 f"{data}: the data file is missing or truncated ({size} bytes); restore it from a backup"
             )
+        _prepare_files(self.path, readonly, allow_shared_directory)
         for _ in range(100):
             try:
                 self.env = lmdb.open(
@@ -190,11 +251,13 @@ class Store:
         self._resizing = False
         self._closed = False
         self._pid = os.getpid()  # an environment must not be used across fork()
+        self._live: set[lmdb.Transaction] = set()  # read transactions open now, for after a fork
         self.page_size = self.env.stat()["psize"]
         self.space = ZeroedSpace(data, self.page_size) if sync and not readonly else None
         self.tip = Tip()
         self.buffer = EventBuffer()
         self.group = GroupCommit(self, self.tip)
+        _OPEN.add(self)
         try:
             self.log_id = self._init_meta() if not readonly else self._read_log_id()
             if not readonly and not os.path.exists(marker):
@@ -207,13 +270,23 @@ class Store:
 
     # -- lifecycle -------------------------------------------------------------
 
+    @property
+    def forked(self) -> bool:
+        """Whether this is a child process that inherited the store through ``fork()``."""
+        return os.getpid() != self._pid
+
     def close(self) -> None:
         """Close the environment once no other thread of this process has a transaction open.
 
         Slots this thread holds do not hold up its own close: one entered as an interrupt
         (Ctrl-C) landed stays counted while the exception lives, and ``close()`` in the
-        ``except`` block that caught it must not wait for itself.
+        ``except`` block that caught it must not wait for itself.  In a child that inherited
+        the store through ``fork()`` nothing is closed: the environment's reader slots and
+        locks are the parent's (see :func:`_inherited_by_child`).
         """
+        if self.forked:
+            self._closed = True
+            return
         with self._slot_lock:
             self._closed = True
             own = self._held.get(threading.get_ident(), 0)
@@ -366,12 +439,15 @@ class Store:
                 except lmdb.Error as e:
                     raise translate(e, self.path) from e
                 if txn is not None:
+                    self._live.add(txn)
                     try:
                         yield txn
                     except lmdb.Error as e:
                         raise translate(e, self.path) from e
                     finally:
-                        txn.abort()
+                        self._live.discard(txn)
+                        if not self.forked:  # a child's abort would free the parent's reader slot
+                            txn.abort()
                     return
             self.resize(0)
 
@@ -422,14 +498,20 @@ class Store:
         cursor = txn.cursor(db=self.events)
         if not cursor.last():
             return 0, bytes(32)
-        seq = SEQ.unpack(cursor.key())[0]
+        seq = self.seq_of(cursor.key())
         # The open write transaction's own last event, else the last committed one
         # this process knows; anything else (another process wrote) is hashed afresh.
         return self.tip.known(seq) or (seq, event_hash(seq, cursor.value()))
 
     def last_seq(self, txn: lmdb.Transaction) -> int:
         cursor = txn.cursor(db=self.events)
-        return SEQ.unpack(cursor.key())[0] if cursor.last() else 0
+        return self.seq_of(cursor.key()) if cursor.last() else 0
+
+    def seq_of(self, key: bytes | memoryview) -> int:
+        """The seq an ``events`` key names; :class:`CorruptLogError` naming a malformed one."""
+        if len(key) != SEQ.size:
+            raise CorruptLogError(f"{self.path}: the events table has a malformed key {bytes(key).hex()} (run verify)")
+        return int(SEQ.unpack(key)[0])
 
     def session(self, txn: lmdb.Transaction, session_id: str) -> SessionState | None:
         raw = txn.get(session_id.encode("utf-8"), db=self.sessions)
@@ -626,7 +708,7 @@ def iter_events(store: Store, after: int = 0, batch: int = 1024) -> Iterator[Rec
             if not cursor.set_range(SEQ.pack(nxt)):
                 return
             for key, value in cursor:
-                chunk.append((SEQ.unpack(key)[0], value))
+                chunk.append((store.seq_of(key), value))
                 if len(chunk) > batch:  # one more than is yielded: its envelope vouches for the last
                     break
             more = len(chunk) > batch

@@ -17,20 +17,22 @@ chain in memory from the events alone, and checks that
 
 from __future__ import annotations
 
+import os
 import re
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from hashlib import sha256
-from typing import Any
+from typing import Any, assert_never
 
 import lmdb
 
 from . import codec
 from . import events as ev
 from .codec import ZERO
-from .errors import CorruptLogError
+from .errors import CorruptLogError, EventLogError
 from .keys import HEADER, LINK, SEQ, STATE, SessionState, event_hash
 from .merkle import Frontier, leaf_hash
+from .pages import DamagedPage, check_pages
 from .store import Store
 from .tree import leaf_input, node_key
 
@@ -84,6 +86,9 @@ class VerifyReport:
     sessions: int = 0
     messages: int = 0
     problems: list[Problem] = field(default_factory=list)
+    damaged_pages: list[DamagedPage] = field(default_factory=list)
+    """Pages of the data file that are not what their B-tree needs (see :mod:`eventlog.pages`);
+    when there are any, nothing was read through LMDB and ``problems`` lists only them."""
 
     @property
     def ok(self) -> bool:
@@ -112,8 +117,50 @@ def verify(
     is an event the log must hold with that hash (a head written down earlier): a log
     restored from an older copy, or rewritten and resealed, fails here.
     """
-    wanted = {head.seq: bytes.fromhex(head.hash) for head in expect}
     report = VerifyReport()
+    try:
+        with store.read() as txn:
+            # LMDB aborts the process on a page that is not what the tree needs: walk the
+            # snapshot's pages as plain bytes first, and read through LMDB only if they hold.
+            pages = check_pages(os.path.join(store.path, "data.mdb"), txn.id(), page_size=store.env.stat()["psize"])
+            report.damaged_pages = pages.damaged
+            if not pages.ok:
+                report.problems.extend(Problem(0, str(page)) for page in pages.damaged)
+                return report
+            _verify_snapshot(store, txn, report, progress, limit, expect)
+    except CorruptLogError as e:
+        report.problems.append(Problem(0, str(e)))
+    except OSError as e:
+        report.problems.append(Problem(0, f"{store.path}: the data file cannot be read ({e})"))
+    return report
+
+
+def verify_files(path: str, error: EventLogError) -> VerifyReport:
+    """The report on a log that cannot be opened at all: ``error``, and the damaged pages.
+
+    The data file is walked as plain bytes (:func:`~eventlog.pages.check_pages`, from its
+    newer valid meta page), so this never reads through LMDB.
+    """
+    report = VerifyReport(problems=[Problem(0, str(error))])
+    try:
+        pages = check_pages(os.path.join(path, "data.mdb"))
+    except OSError as e:
+        report.problems.append(Problem(0, f"{path}: the data file cannot be read ({e})"))
+        return report
+    report.damaged_pages = pages.damaged
+    report.problems.extend(Problem(0, str(page)) for page in pages.damaged)
+    return report
+
+
+def _verify_snapshot(
+    store: Store,
+    txn: lmdb.Transaction,
+    report: VerifyReport,
+    progress: Callable[[int, int], None] | None,
+    limit: int,
+    expect: Iterable[LogHead],
+) -> None:
+    wanted = {head.seq: bytes.fromhex(head.hash) for head in expect}
     problems = report.problems
     chains: dict[str, list[tuple[bytes, bytes, int, int]]] = {}
     notes: dict[str, dict[int, bytes]] = {}  # session -> position -> node + override, as indexed
@@ -124,80 +171,78 @@ def verify(
     expected_seq = 1
     last_of: dict[str, int] = {}  # session -> seq of its last event
     hashes: dict[int, bytes] = {}  # seq -> hash, for each session's last event
-    with store.read() as txn:
+    try:
         total = store.last_seq(txn)
-        tree = _TreeCheck(store, txn)
-        cursor = txn.cursor(db=store.events)
-        for key, raw in cursor:
-            if len(problems) >= limit:
-                break
-            if len(key) != SEQ.size:
-                problems.append(Problem(0, f"events: malformed key {bytes(key)!r}"))
-                continue
-            seq = SEQ.unpack(key)[0]
-            report.events += 1
-            if seq != expected_seq:
-                problems.append(Problem(seq, f"seq gap: expected {expected_seq}"))
-            expected_seq = seq + 1
-            if len(raw) < HEADER.size:
-                problems.append(Problem(seq, "envelope is truncated"))
-                continue
-            stored_prev, _, kind, number, before = HEADER.unpack_from(raw)
-            if stored_prev != prev_hash:
-                problems.append(Problem(seq, "previous-event hash does not match the event before it"))
-            prev_hash = event_hash(seq, raw)
-            if seq in wanted and wanted.pop(seq) != prev_hash:
-                problems.append(
-                    Problem(seq, "does not have the hash written down for it (--expect): history was rewritten")
-                )
-            try:
-                event = store.decode(seq, raw)  # hashed just above
-            except CorruptLogError as e:
-                problems.append(Problem(seq, str(e)))
-                continue
-            if ev.KIND[type(event)] != kind:
-                problems.append(Problem(seq, f"envelope kind {kind} does not match the payload"))
-            if before != last_of.get(event.session, 0):
-                problems.append(
-                    Problem(seq, f"envelope does not link to the previous event of session {event.session!r}")
-                )
-            if isinstance(event, ev.SessionOpened) and event.session not in numbers:
-                if number in owners:
-                    problems.append(
-                        Problem(
-                            seq, f"session {event.session!r} opened as number {number}, which {owners[number]!r} has"
-                        )
-                    )
-                numbers[event.session] = number
-                owners.setdefault(number, event.session)
-            elif numbers.get(event.session, number) != number:
-                problems.append(
-                    Problem(
-                        seq,
-                        f"envelope names session number {number}; session {event.session!r} is {numbers[event.session]}",
-                    )
-                )
-            hashes.pop(last_of.get(event.session, 0), None)
-            last_of[event.session] = seq
-            hashes[seq] = prev_hash
-            _check_event(seq, event, chains, digests, problems, report)
-            _track_notes(event, chains, notes)
-            tree.add(seq, raw, event)
-            if progress is not None and report.events % 4096 == 0:
-                progress(report.events, total)
-        if report.events != total:
-            problems.append(Problem(0, f"the log ends at event {total}, but {report.events} events were found"))
-        for seq in sorted(wanted):
+    except CorruptLogError as e:
+        problems.append(Problem(0, str(e)))
+        total = -1  # not a count any walk can match: the end of the log is unknown
+    tree = _TreeCheck(store, txn)
+    cursor = txn.cursor(db=store.events)
+    for key, raw in cursor:
+        if len(problems) >= limit:
+            break
+        if len(key) != SEQ.size:
+            problems.append(Problem(0, f"events: malformed key {bytes(key).hex()}"))
+            continue
+        seq = SEQ.unpack(key)[0]
+        report.events += 1
+        if seq != expected_seq:
+            problems.append(Problem(seq, f"seq gap: expected {expected_seq}"))
+        expected_seq = seq + 1
+        if len(raw) < HEADER.size:
+            problems.append(Problem(seq, "envelope is truncated"))
+            continue
+        stored_prev, _, kind, number, before = HEADER.unpack_from(raw)
+        if stored_prev != prev_hash:
+            problems.append(Problem(seq, "previous-event hash does not match the event before it"))
+        prev_hash = event_hash(seq, raw)
+        if seq in wanted and wanted.pop(seq) != prev_hash:
             problems.append(
-                Problem(0, f"the log has no event {seq}, which was written down as its head (--expect): an older copy?")
+                Problem(seq, "does not have the hash written down for it (--expect): history was rewritten")
             )
-        _check_indexes(store, txn, chains, notes, numbers, last_of, hashes, problems)
-        tree.finish()
-        problems.extend(tree.problems)
+        try:
+            event = store.decode(seq, raw)  # hashed just above
+        except CorruptLogError as e:
+            problems.append(Problem(seq, str(e)))
+            continue
+        if ev.KIND[type(event)] != kind:
+            problems.append(Problem(seq, f"envelope kind {kind} does not match the payload"))
+        if before != last_of.get(event.session, 0):
+            problems.append(Problem(seq, f"envelope does not link to the previous event of session {event.session!r}"))
+        if isinstance(event, ev.SessionOpened) and event.session not in numbers:
+            if number in owners:
+                problems.append(
+                    Problem(seq, f"session {event.session!r} opened as number {number}, which {owners[number]!r} has")
+                )
+            numbers[event.session] = number
+            owners.setdefault(number, event.session)
+        elif numbers.get(event.session, number) != number:
+            problems.append(
+                Problem(
+                    seq,
+                    f"envelope names session number {number}; session {event.session!r} is {numbers[event.session]}",
+                )
+            )
+        hashes.pop(last_of.get(event.session, 0), None)
+        last_of[event.session] = seq
+        hashes[seq] = prev_hash
+        _check_event(seq, event, chains, digests, problems, report)
+        _track_notes(event, chains, notes)
+        tree.add(seq, raw, event)
+        if progress is not None and report.events % 4096 == 0:
+            progress(report.events, total)
+    if report.events != total and total >= 0:
+        problems.append(Problem(0, f"the log ends at event {total}, but {report.events} events were found"))
+    for seq in sorted(wanted):
+        problems.append(
+            Problem(0, f"the log has no event {seq}, which was written down as its head (--expect): an older copy?")
+        )
+    _check_indexes(store, txn, chains, notes, numbers, last_of, hashes, problems)
+    tree.finish()
+    problems.extend(tree.problems)
     report.sessions = len(chains)
     if progress is not None:
         progress(report.events, total)
-    return report
 
 
 class _TreeCheck:
@@ -267,53 +312,60 @@ def _check_event(
     if chain is None:
         problems.append(Problem(seq, f"event for session {session!r} before it was opened"))
         chains[session] = chain = []
-    if isinstance(event, ev.MessagesAppended):
-        n = len(event)
-        if len(event.digests) != 32 * n or len(event.nodes) != 32 * n:
-            problems.append(Problem(seq, "digest or node columns do not match the number of messages"))
-            return
-        if event.position != len(chain):
-            problems.append(Problem(seq, f"appends at position {event.position}, live length is {len(chain)}"))
-            return
-        digests[seq] = event.digests
-        parent = chain[-1][0] if chain else ZERO
-        for i in range(n):
-            digest = event.digest(i)
-            node = event.node(i)
-            where = event.carried.get(i)
-            if where is None:
-                report.messages += 1
-                if sha256(bytes(event.bodies[i])).digest() != digest:
+    match event:
+        case ev.MessagesAppended():
+            n = len(event)
+            if len(event.digests) != 32 * n or len(event.nodes) != 32 * n:
+                problems.append(Problem(seq, "digest or node columns do not match the number of messages"))
+                return
+            if event.position != len(chain):
+                problems.append(Problem(seq, f"appends at position {event.position}, live length is {len(chain)}"))
+                return
+            digests[seq] = event.digests
+            parent = chain[-1][0] if chain else ZERO
+            for i in range(n):
+                digest = event.digest(i)
+                node = event.node(i)
+                where = event.carried.get(i)
+                if where is None:
+                    report.messages += 1
+                    if sha256(bytes(event.bodies[i])).digest() != digest:
+                        problems.append(
+                            Problem(
+                                seq,
+                                f"message {i} (position {event.position + i}): body does not match its content digest",
+                            )
+                        )
+                    location = (seq, i)
+                else:
+                    ref_seq, ref_index = where
+                    ref = digests.get(ref_seq)
+                    if ref is None or ref[32 * ref_index : 32 * ref_index + 32] != digest:
+                        problems.append(
+                            Problem(seq, f"message {i}: carried body ({ref_seq}, {ref_index}) is missing or differs")
+                        )
+                    location = (ref_seq, ref_index)
+                if sha256(parent + digest).digest() != node:
                     problems.append(
                         Problem(
-                            seq, f"message {i} (position {event.position + i}): body does not match its content digest"
+                            seq,
+                            f"message {i} (position {event.position + i}): node digest does not chain from its parent",
                         )
                     )
-                location = (seq, i)
-            else:
-                ref_seq, ref_index = where
-                ref = digests.get(ref_seq)
-                if ref is None or ref[32 * ref_index : 32 * ref_index + 32] != digest:
-                    problems.append(
-                        Problem(seq, f"message {i}: carried body ({ref_seq}, {ref_index}) is missing or differs")
-                    )
-                location = (ref_seq, ref_index)
-            if sha256(parent + digest).digest() != node:
-                problems.append(
-                    Problem(
-                        seq, f"message {i} (position {event.position + i}): node digest does not chain from its parent"
-                    )
-                )
-            chain.append((node, digest, location[0], location[1]))
-            parent = node
-    elif isinstance(event, ev.MessagesTombstoned):
-        live = b"".join(link[0] for link in chain[event.position :])
-        if live != event.nodes:
-            problems.append(Problem(seq, f"tombstone at {event.position} does not name the live suffix"))
-        del chain[event.position :]
-    elif isinstance(event, ev.MessageAnnotated):
-        if event.position >= len(chain) or chain[event.position][0] != event.node:
-            problems.append(Problem(seq, f"annotation of position {event.position} names a node that is not live"))
+                chain.append((node, digest, location[0], location[1]))
+                parent = node
+        case ev.MessagesTombstoned():
+            live = b"".join(link[0] for link in chain[event.position :])
+            if live != event.nodes:
+                problems.append(Problem(seq, f"tombstone at {event.position} does not name the live suffix"))
+            del chain[event.position :]
+        case ev.MessageAnnotated():
+            if event.position >= len(chain) or chain[event.position][0] != event.node:
+                problems.append(Problem(seq, f"annotation of position {event.position} names a node that is not live"))
+        case ev.SessionClosed() | ev.SessionUpdated():
+            pass
+        case _:
+            assert_never(event)
 
 
 def _track_notes(
@@ -326,16 +378,21 @@ def _track_notes(
         notes[session] = {position: note for position, note in source.items() if position < event.at}
         return
     held = notes.setdefault(session, {})
-    if isinstance(event, ev.MessagesAppended):
-        for i, override in event.overrides.items():
-            if 0 <= i < len(event):
-                held[event.position + i] = event.node(i) + codec.encode(override)
-    elif isinstance(event, ev.MessagesTombstoned):
-        for position in [p for p in held if p >= event.position]:
-            del held[position]
-    elif isinstance(event, ev.MessageAnnotated):
-        if event.position < len(chains.get(session, ())):
-            held[event.position] = event.node + codec.encode(event.override)
+    match event:
+        case ev.MessagesAppended():
+            for i, override in event.overrides.items():
+                if 0 <= i < len(event):
+                    held[event.position + i] = event.node(i) + codec.encode(override)
+        case ev.MessagesTombstoned():
+            for position in [p for p in held if p >= event.position]:
+                del held[position]
+        case ev.MessageAnnotated():
+            if event.position < len(chains.get(session, ())):
+                held[event.position] = event.node + codec.encode(event.override)
+        case ev.SessionClosed() | ev.SessionUpdated():
+            pass
+        case _:
+            assert_never(event)
 
 
 def _check_indexes(

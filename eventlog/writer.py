@@ -13,7 +13,7 @@ import os
 import struct
 from collections import deque
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import lmdb
@@ -37,6 +37,52 @@ SUMMARY_KEY = "_compressed_summary"
 EVENT_MESSAGES = 1024
 """At most this many messages per ``MessagesAppended`` event (a large flush writes several,
 in one transaction), so that readers and projections handle events of bounded size."""
+
+
+@dataclass(slots=True)
+class Snapshot:
+    """One session's part of a flush: its list as prepared, and what the caller asked of the write.
+
+    ``notes`` are display overrides keyed by position in the stored transcript; ``expected``
+    the head the caller read (None: any); ``replace`` allows replacing a transcript the list
+    shares nothing with (reason ``clear``).
+    """
+
+    session_id: str
+    prepared: Prepared
+    notes: dict[int, dict[str, Any]]
+    expected: bytes | None = None
+    replace: bool = False
+
+
+@dataclass(slots=True)
+class NewMessages:
+    """Messages one write makes live, per message: body, content digest and node digest.
+
+    A carried message (its body already stored) has an empty body and its location in
+    ``carried`` (index -> ``(seq, index)``); ``notes`` are display overrides by index, and
+    the first ``summaries`` messages are compaction summaries.
+    """
+
+    bodies: list[bytes]
+    digests: list[bytes]
+    nodes: list[bytes]
+    carried: dict[int, tuple[int, int]] = field(default_factory=dict)
+    notes: dict[int, dict[str, Any]] = field(default_factory=dict)
+    summaries: int = 0
+
+    def part(self, start: int, stop: int) -> NewMessages:
+        """Messages ``start .. stop-1``, indexes counted from ``start``."""
+        if start == 0 and stop >= len(self.nodes):
+            return self
+        return NewMessages(
+            self.bodies[start:stop],
+            self.digests[start:stop],
+            self.nodes[start:stop],
+            {i - start: where for i, where in self.carried.items() if start <= i < stop},
+            {i - start: note for i, note in self.notes.items() if start <= i < stop},
+            max(0, min(self.summaries - start, stop - start)),
+        )
 
 
 @dataclass(frozen=True, slots=True)
@@ -118,7 +164,7 @@ class Writer:
             state = self.open_session(batch, session_id)
         digests = prepared.digests
         nodes = _chain(head, digests)
-        self.append_messages(batch, session_id, state, bodies_from(prepared, 0), digests, nodes, {}, {}, 0)
+        self.append_messages(batch, session_id, state, NewMessages(bodies_from(prepared, 0), digests, nodes))
         batch.save(session_id, state)
         return FlushResult(len(nodes), 0, length, state.head.hex())
 
@@ -164,16 +210,9 @@ class Writer:
             for i, link in enumerate(tail)
             if end + i in old_notes and old_notes[end + i][0] == link[0]
         }
+        kept = {i: note for i, (_, note) in notes.items()}
         self.append_messages(
-            batch,
-            session_id,
-            state,
-            bodies,
-            digests,
-            nodes,
-            carried,
-            {i: note for i, (_, note) in notes.items()},
-            len(prepared.bodies),
+            batch, session_id, state, NewMessages(bodies, digests, nodes, carried, kept, len(prepared.bodies))
         )
         batch.save(session_id, state)
         return FlushResult(len(nodes), length - start, start, _head_hex(state.length, state.head))
@@ -222,6 +261,17 @@ class Writer:
             raise UnknownSessionError(f"no session {session_id!r} in {self.store.path}")
         return state
 
+    def holds(self, txn: lmdb.Transaction, state: SessionState | None, snapshot: Snapshot) -> bool:
+        """Whether the stored transcript is ``snapshot`` already, display overrides included."""
+        nodes = snapshot.prepared.nodes
+        if state is None:
+            return not nodes
+        return (
+            len(nodes) == state.length
+            and (not nodes or nodes[-1] == state.head)
+            and not self.pending_notes(txn, state, snapshot.notes, snapshot.prepared)
+        )
+
     def pending_notes(
         self, txn: lmdb.Transaction, state: SessionState, notes: dict[int, dict[str, Any]], prepared: Prepared
     ) -> dict[int, dict[str, Any]]:
@@ -256,20 +306,13 @@ class Writer:
                 ) from None
         return found
 
-    def flush(
-        self,
-        txn: lmdb.Transaction,
-        session_id: str,
-        prepared: Prepared,
-        notes: dict[int, dict[str, Any]],
-        expected: bytes | None,
-        replace: bool,
-        now: int | None = None,
-    ) -> FlushResult:
-        """Make the stored live transcript equal to ``prepared`` (see :meth:`EventLog.flush`).
+    def flush(self, txn: lmdb.Transaction, snapshot: Snapshot, now: int | None = None) -> FlushResult:
+        """Make the stored live transcript equal to ``snapshot`` (see :meth:`EventLog.flush`).
 
         ``now``: the time of the events, when this is part of a larger write (one time marks
         one write for the projections, which never show readers part of one)."""
+        session_id, prepared, notes = snapshot.session_id, snapshot.prepared, snapshot.notes
+        expected, replace = snapshot.expected, snapshot.replace
         store = self.store
         state = store.session(txn, session_id)
         length = state.length if state else 0
@@ -289,7 +332,7 @@ class Writer:
             if not _is_summary(prepared.raw[index]):
                 break
             summaries += 1
-        reason = None
+        reason: ev.Reason | None = None
         if k < length:
             if k == 0 and not replace and not summaries:
                 what = "is empty" if not nodes else "shares no prefix with it"
@@ -342,7 +385,10 @@ class Writer:
                     if note is not None:
                         batch_notes[i] = note
             self.append_messages(
-                batch, session_id, state, bodies, prepared.digests[k:], nodes[k:], carried, batch_notes, summaries
+                batch,
+                session_id,
+                state,
+                NewMessages(bodies, prepared.digests[k:], nodes[k:], carried, batch_notes, summaries),
             )
         for position, note in sorted(annotate.items()):
             batch.emit(
@@ -391,7 +437,7 @@ class Writer:
         batch.emit(ev.SessionOpened(session=session_id, source=source, at=at, source_head=source_head), state)
         return state
 
-    def tombstone(self, batch: Batch, session_id: str, state: SessionState, position: int, reason: str) -> None:
+    def tombstone(self, batch: Batch, session_id: str, state: SessionState, position: int, reason: ev.Reason) -> None:
         store, txn = self.store, batch.txn
         links = store.links(txn, state.number, position, state.length)
         batch.emit(
@@ -406,46 +452,15 @@ class Writer:
         state.length = position
         state.head = store.link(txn, state.number, position - 1)[0] if position else ZERO
 
-    def append_messages(
-        self,
-        batch: Batch,
-        session_id: str,
-        state: SessionState,
-        bodies: list[bytes],
-        digests: list[bytes],
-        nodes: list[bytes],
-        carried: dict[int, tuple[int, int]],
-        notes: dict[int, dict[str, Any]],
-        summaries: int,
-    ) -> None:
-        """Append messages as one event per :data:`EVENT_MESSAGES` (all in this transaction)."""
-        for start in range(0, len(nodes), EVENT_MESSAGES):
-            stop = min(start + EVENT_MESSAGES, len(nodes))
-            self.append_event(
-                batch,
-                session_id,
-                state,
-                bodies[start:stop],
-                digests[start:stop],
-                nodes[start:stop],
-                {i - start: where for i, where in carried.items() if start <= i < stop},
-                {i - start: note for i, note in notes.items() if start <= i < stop},
-                max(0, min(summaries - start, stop - start)),
-            )
+    def append_messages(self, batch: Batch, session_id: str, state: SessionState, messages: NewMessages) -> None:
+        """Append ``messages`` as one event per :data:`EVENT_MESSAGES` (all in this transaction)."""
+        for start in range(0, len(messages.nodes), EVENT_MESSAGES):
+            self.append_event(batch, session_id, state, messages.part(start, start + EVENT_MESSAGES))
 
-    def append_event(
-        self,
-        batch: Batch,
-        session_id: str,
-        state: SessionState,
-        bodies: list[bytes],
-        digests: list[bytes],
-        nodes: list[bytes],
-        carried: dict[int, tuple[int, int]],
-        notes: dict[int, dict[str, Any]],
-        summaries: int,
-    ) -> None:
+    def append_event(self, batch: Batch, session_id: str, state: SessionState, messages: NewMessages) -> None:
+        """Append ``messages`` as one event and make them the live chain's new tail."""
         store, txn = self.store, batch.txn
+        bodies, digests, nodes, carried = messages.bodies, messages.digests, messages.nodes, messages.carried
         raw_bodies = (
             [ev.CARRIED if i in carried else msgspec.Raw(body) for i, body in enumerate(bodies)]
             if carried
@@ -459,8 +474,8 @@ class Writer:
                 nodes=b"".join(nodes),
                 bodies=raw_bodies,
                 carried=carried,
-                overrides=notes,
-                summaries=summaries,
+                overrides=messages.notes,
+                summaries=messages.summaries,
                 salts=os.urandom(SALT_SIZE * len(bodies)),
             ),
             state,
@@ -478,7 +493,7 @@ class Writer:
                 (prefix + pack_position(base + i), pack_link(node, digest, seq, i))
                 for i, (digest, node) in enumerate(zip(digests, nodes))
             ]
-        entries += [(note_key(number, base + i), nodes[i] + codec.encode(note)) for i, note in notes.items()]
+        entries += [(note_key(number, base + i), nodes[i] + codec.encode(note)) for i, note in messages.notes.items()]
         txn.cursor(db=store.index).putmulti(entries)
         state.length = base + len(nodes)
         state.head = nodes[-1] if nodes else state.head

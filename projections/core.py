@@ -26,24 +26,13 @@ from typing import TYPE_CHECKING, Any, Final, Protocol, assert_never
 
 from eventlog import codec
 from eventlog import events as ev
+from eventlog.source import EventSource as Source
 
 from .errors import LogMismatchError, ProjectionCorruptError, ProjectionError
 from .rows import DERIVED, add_counter, derive, from_json, to_json
 
 if TYPE_CHECKING:
     from eventlog.store import Record
-
-
-class Source(Protocol):
-    """What a projection reads from a log: its id, its last ``seq`` and its events in order."""
-
-    @property
-    def id(self) -> str: ...
-
-    @property
-    def last_seq(self) -> int: ...
-
-    def events(self, after: int = 0) -> Iterable[Record]: ...
 
 
 ROW_COLUMNS: Final = (
@@ -78,14 +67,7 @@ SESSION_COLUMNS: Final = (
     "source",
     "metadata",
     "counters",
-    "input_tokens",
-    "output_tokens",
-    "cache_read_tokens",
-    "cache_write_tokens",
-    "reasoning_tokens",
-    "api_calls",
-    "tool_calls",
-    "cost_usd",
+    *ev.USAGE_COUNTERS,
 )
 """The fields of a session row (a list in this order), as :meth:`Store.session` returns them."""
 
@@ -105,7 +87,7 @@ PARENT, FORK_AT, CLOSED_SEQ, CLOSED_NS, CLOSE_REASON, COUNT, HEAD, LAST_SEQ, MET
         "counters",
     )
 )
-COUNTER_COLUMNS: Final = frozenset(SESSION_COLUMNS[16:])
+COUNTER_COLUMNS: Final = frozenset(ev.USAGE_COUNTERS)
 """Usage counters that also have a column of their own (every counter is in ``counters``)."""
 FIELD_COLUMNS: Final = frozenset({"title", "model", "source"})
 NEW_SESSION: Final[dict[str, Any]] = {

@@ -25,6 +25,8 @@ from typing import Any, Final
 
 import msgspec
 
+from eventlog.text import text_of
+
 DERIVED: Final = (
     "role",
     "content",
@@ -67,27 +69,6 @@ OVERRIDABLE: Final = frozenset(
 )
 """Override keys that set a column.  Other keys are kept in ``display_override`` only;
 identity and bookkeeping columns (digests, seq, ``message``, tombstones) never change."""
-
-REASONING: Final = ("reasoning", "reasoning_content", "reasoning_details")
-
-PLACEHOLDERS: Final = {
-    "image": "[image]",
-    "image_url": "[image]",
-    "input_image": "[image]",
-    "audio": "[audio]",
-    "input_audio": "[audio]",
-    "output_audio": "[audio]",
-    "file": "[file]",
-    "input_file": "[file]",
-    "document": "[file]",
-}
-"""Part types of multimodal content and the text that stands for them."""
-
-TEXT_PARTS: Final = frozenset({"text", "input_text", "output_text"})
-SILENT_PARTS: Final = frozenset(
-    {"tool_use", "function_call", "thinking", "redacted_thinking", "reasoning", "server_tool_use"}
-)
-"""Parts that are not display text (tool calls are indexed through ``tool_text``)."""
 
 _json = msgspec.json.Encoder()
 _from_json = msgspec.json.Decoder()
@@ -138,43 +119,6 @@ def add_counter(total: Any, value: int | float) -> int | float:
     if type(result) is int:
         return result if INT64_MIN <= result <= INT64_MAX else float(result)
     return result if math.isfinite(result) else math.copysign(sys.float_info.max, result)
-
-
-def text_of(content: Any) -> str | None:
-    """The text projection of a message's ``content``."""
-    if content is None or type(content) is str:
-        return content
-    if type(content) is list:
-        parts = [text for text in map(_part_text, content) if text]
-        return "\n".join(parts)
-    if type(content) is dict:
-        return _part_text(content) or ""
-    return to_json(content)
-
-
-def _part_text(part: Any) -> str | None:
-    if type(part) is str:
-        return part
-    if type(part) is not dict:
-        return None
-    kind = part.get("type")
-    if kind in TEXT_PARTS:
-        text = part.get("text")
-        return text if type(text) is str else None
-    placeholder = PLACEHOLDERS.get(kind) if type(kind) is str else None
-    if placeholder is not None:
-        return placeholder
-    if kind == "refusal":
-        text = part.get("refusal")
-        return text if type(text) is str else None
-    if kind == "tool_result":
-        return text_of(part.get("content"))
-    if kind in SILENT_PARTS:
-        return None
-    text = part.get("text")
-    if type(text) is str:
-        return text
-    return f"[{kind}]" if type(kind) is str else None
 
 
 def tool_text(message: dict[str, Any], tool_name: str | None) -> str | None:

@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Any
 
 from . import core, schema
 from .core import Applier, Checkpoint, Source
-from .errors import InvalidQueryError, NotAProjectionError, ProjectionError
+from .errors import InvalidQueryError, NotAProjectionError, ProjectionCorruptError, ProjectionError
 from .sqlite_store import SQLiteStore, index_pending
 
 if TYPE_CHECKING:
@@ -319,6 +319,17 @@ class SQLiteProjection:
         Records the checkpoint (and how far the search index got) with the rows;
         returns how many events were new (another process may have applied some).
         """
+        if checkpoint.last_hash is None and checkpoint.last_seq:
+            # No hash to chain to (moved by code that knows nothing of it, or by hand): every
+            # applied event records its seq on its session's row, so the newest of those must
+            # be the checkpoint, or events were skipped.
+            newest = self._db.execute("SELECT coalesce(max(last_seq), 0) FROM sessions").fetchone()[0]
+            if newest != checkpoint.last_seq:
+                raise ProjectionCorruptError(
+                    f"{self.path}: the checkpoint says events up to {checkpoint.last_seq} were applied, but "
+                    f"the newest event the projection holds is {newest}: the checkpoint was moved without "
+                    "its rows; rebuild(log) to project the log again"
+                )
         last = core.apply_chunk(self.path, applier, checkpoint, chunk, (sqlite3.Error,))
         store.finish()
         if last is None:

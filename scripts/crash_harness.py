@@ -36,8 +36,17 @@ Run it
     python scripts/crash_harness.py --kills 1000 --durability full
     python scripts/crash_harness.py --kills 1000 --durability all --json results.json
 
+    python scripts/crash_harness.py --attacks 1 --seed 1
+
+``--attacks ROUNDS`` runs the attacks beyond kills instead (:data:`ATTACKS`): every page of
+a log zeroed and filled with noise (verify must report, in a child, never abort; salvage
+must give a log that verifies), opening on a full tmpfs (``StorageFullError``, never SIGBUS),
+spilled rewinds, edits, compactions and clears recovered, forked children closing an
+inherited log under the parent's open snapshot, and links planted where a log creates its
+files.
+
 Exit status 0 when every check passed.  The tests run :func:`run` with a few
-dozen kills.
+dozen kills, and :func:`run_attacks` once.
 """
 
 from __future__ import annotations
@@ -551,6 +560,266 @@ def _check_projection(path: Path, durability: str, db: Path, rebuilt: Path, resu
 # -- command line ---------------------------------------------------------------
 
 
+# -- attacks beyond kills --------------------------------------------------------
+
+_ATTACK_CHILD = r"""
+import json, os, sys
+from eventlog import EventLog, EventLogError
+from eventlog.verify import verify_files
+path, task = sys.argv[1], sys.argv[2]
+if task == "verify":
+    try:
+        log = EventLog.open(path, readonly=True)
+    except EventLogError as e:
+        report = verify_files(path, e)
+    else:
+        with log:
+            report = log.verify()
+    print(json.dumps({"ok": report.ok, "damaged": [str(d) for d in report.damaged_pages]}))
+elif task == "open-full":
+    try:
+        with EventLog.open(path) as log:
+            log.flush("s", [{"role": "user", "content": "on a full disk"}])
+        print(json.dumps({"error": None}))
+    except EventLogError as e:
+        print(json.dumps({"error": type(e).__name__}))
+"""
+
+
+@dataclass
+class Attack:
+    """One kind of attack run ``trials`` times; ``failures`` says what went wrong, if anything."""
+
+    name: str
+    trials: int = 0
+    detail: str = ""
+    failures: list[str] = field(default_factory=list)
+
+
+def _child(path: Path, task: str) -> tuple[int, dict[str, Any] | None]:
+    done = subprocess.run(
+        [sys.executable, "-c", _ATTACK_CHILD, str(path), task], capture_output=True, text=True, timeout=300
+    )
+    lines = done.stdout.strip().splitlines()
+    return done.returncode, json.loads(lines[-1]) if lines else None
+
+
+def _attack_log(path: Path, rng: random.Random) -> None:
+    from eventlog import EventLog
+
+    with EventLog.open(path, durability="none") as log:
+        for s in range(4):
+            current: list[dict[str, Any]] = []
+            for i in range(rng.randint(20, 40)):
+                current.append(message_for(f"attack{s}|{i}"))
+                log.flush(f"a{s}", current)
+            log.flush(f"a{s}", current[: rng.randint(1, len(current))])
+        log.flush("big", [{"role": "tool", "content": "y" * 20_000}])
+
+
+def attack_page_damage(base: Path, rng: random.Random, rounds: int) -> Attack:
+    """Every page of a log zeroed or filled with noise in turn: verify returns a report in a child
+    (never an abort), and salvage copies only proven events into a new log that verifies."""
+    from eventlog.salvage import salvage
+
+    attack = Attack("page damage sweep (zeroed / random pages)")
+    source = base / "pages"
+    _attack_log(source, rng)
+    pages = (source / "data.mdb").stat().st_size // 4096
+    damaged = salvaged = 0
+    for fill in ("zero", "random")[: max(1, min(2, rounds))]:
+        for page in range(2, pages):
+            scratch = base / "pages-scratch"
+            shutil.rmtree(scratch, ignore_errors=True)
+            shutil.copytree(source, scratch)
+            with open(scratch / "data.mdb", "r+b") as f:
+                f.seek(page * 4096)
+                f.write(bytes(4096) if fill == "zero" else rng.randbytes(4096))
+            attack.trials += 1
+            code, report = _child(scratch, "verify")
+            if code != 0 or report is None:
+                attack.failures.append(f"{fill} page {page}: verify died with {code}")
+                continue
+            if report["ok"]:
+                continue  # a free page: nothing reads it
+            damaged += 1
+            new = base / "pages-salvaged"
+            shutil.rmtree(new, ignore_errors=True)
+            try:
+                outcome = salvage(scratch, new)
+            except Exception as e:  # the harness reports every failure
+                attack.failures.append(f"{fill} page {page}: salvage raised {type(e).__name__}: {e}")
+                continue
+            if not outcome.verified:
+                attack.failures.append(f"{fill} page {page}: the salvaged log does not verify")
+            salvaged += outcome.events_copied
+    attack.detail = (
+        f"{pages - 2} pages x {attack.trials // max(1, pages - 2)} fills; {damaged} reported damaged, each salvaged"
+    )
+    return attack
+
+
+def attack_full_disk(base: Path, rng: random.Random, rounds: int) -> Attack:
+    """Open a new log, and one whose lock file is missing, on a full tmpfs: StorageFullError, not SIGBUS."""
+    attack = Attack("open on a full tmpfs (new log / lock file missing)")
+    for _ in range(rounds):
+        for case in ("new", "lock missing"):
+            mount = base / f"tmpfs-{rng.randrange(1 << 30)}"
+            mount.mkdir()
+            done = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=2m", "tmpfs", str(mount)], capture_output=True)
+            if done.returncode != 0:
+                attack.detail = "not run: mounting a tmpfs needs root"
+                return attack
+            try:
+                if case == "lock missing":
+                    from eventlog import EventLog
+
+                    with EventLog.open(mount / "log") as log:
+                        log.flush("s", [{"role": "user", "content": "stored"}])
+                    (mount / "log" / "lock.mdb").unlink()
+                fd = os.open(mount / "filler", os.O_WRONLY | os.O_CREAT)
+                for size in (65536, 4096, 1):
+                    try:
+                        while True:
+                            os.write(fd, b"\xff" * size)
+                    except OSError:
+                        pass
+                os.close(fd)
+                attack.trials += 1
+                code, outcome = _child(mount / "log", "open-full")
+                if code != 0 or outcome is None or outcome["error"] != "StorageFullError":
+                    attack.failures.append(f"{case}: exit {code}, {outcome}")
+            finally:
+                subprocess.run(["umount", "-l", str(mount)], capture_output=True)
+    attack.detail = f"{attack.trials} opens"
+    return attack
+
+
+def attack_spilled_rewrites(base: Path, rng: random.Random, rounds: int) -> Attack:
+    """Rewinds, edits, compactions and clears spilled by a log that refuses writes, then recovered:
+    the log ends as the refused flush would have left it, and the spill files are gone."""
+    from eventlog import EventLog
+    from eventlog.spill import SpillingWriter, recover
+
+    attack = Attack("spilled rewind / edit / compaction / clear, recovered")
+    for trial in range(rounds * 4):
+        path, spill = base / f"spill-log-{trial}", base / f"spill-{trial}"
+        stored = [message_for(f"spill{trial}|{i}") for i in range(rng.randint(3, 12))]
+        kind = ("rewind", "edit", "compaction", "clear")[trial % 4]
+        if kind == "rewind":
+            wanted, replace = stored[: rng.randint(1, len(stored) - 1)], False
+        elif kind == "edit":
+            wanted, replace = [*stored[:-1], message_for(f"spill{trial}|edited")], False
+        elif kind == "compaction":
+            wanted = [{"role": "user", "content": "summary", "_compressed_summary": True}, *stored[-2:]]
+            replace = False
+        else:
+            wanted, replace = [], True
+        with EventLog.open(path) as log:
+            log.flush("s", stored)
+        with EventLog.open(path, readonly=True) as log:
+            SpillingWriter(log, spill).flush("s", wanted, replace=replace)
+        with EventLog.open(path) as log:
+            report = recover(log, spill)
+            expected = [{k: v for k, v in m.items() if not k.startswith("_")} for m in wanted]
+            reasons = {o.tombstone.reason for o in log.history("s") if o.tombstone}
+            attack.trials += 1
+            if not report.ok or log.messages("s") != expected or reasons != {kind} or list(spill.iterdir()):
+                attack.failures.append(f"{kind}: recovered {log.messages('s')[:2]}..., reasons {reasons}, {report}")
+    attack.detail = f"{attack.trials} spills"
+    return attack
+
+
+_FORK_CHILD = r"""
+import json, os, sys
+from eventlog import EventLog
+log = EventLog.open(sys.argv[1])
+log.flush("s", [{"role": "user", "content": "before the forks"}])
+store = log._store
+with store.read() as txn:
+    before = store.env.readers()
+    for _ in range(int(sys.argv[2])):
+        pid = os.fork()
+        if pid == 0:
+            log.close()
+            sys.exit(0)
+        os.waitpid(pid, 0)
+    same = store.env.readers() == before
+    for i in range(100):
+        log.flush("s", [{"role": "user", "content": "before the forks"}] + [{"role": "user", "content": str(j)} for j in range(i)])
+    count = sum(1 for _ in txn.cursor(db=store.events))
+print(json.dumps({"same": same, "count": count}))
+"""
+
+
+def attack_forked_children(base: Path, rng: random.Random, rounds: int) -> Attack:
+    """Children forked with the log open close it and exit: the parent's open snapshot keeps its pages."""
+    attack = Attack("forked children closing an inherited log")
+    children = 10 * rounds
+    done = subprocess.run(
+        [sys.executable, "-c", _FORK_CHILD, str(base / "fork-log"), str(children)], capture_output=True, text=True
+    )
+    attack.trials = children
+    lines = done.stdout.strip().splitlines()
+    outcome = json.loads(lines[-1]) if lines else None
+    if done.returncode != 0 or outcome is None or not outcome["same"] or outcome["count"] != 2:
+        attack.failures.append(f"exit {done.returncode}: {outcome} {done.stderr[-300:]}")
+    attack.detail = f"{children} children"
+    return attack
+
+
+def attack_planted_links(base: Path, rng: random.Random, rounds: int) -> Attack:
+    """Symlinks and hard links planted where a log creates its files, in a directory others can
+    write: refused (or replaced, never followed); the files they point to are never written."""
+    from eventlog import EventLog, EventLogError
+
+    attack = Attack("planted symlinks and hard links")
+    for trial in range(rounds):
+        for name in ("lock.mdb", "data.mdb", "eventlog.id", "hardlink"):
+            victim = base / f"victim-{trial}-{name}"
+            victim.write_bytes(b"precious\n")
+            folder = base / f"shared-{trial}-{name}"
+            folder.mkdir()
+            os.chmod(folder, 0o777)
+            if name == "hardlink":
+                os.link(victim, folder / "lock.mdb")
+            else:
+                (folder / name).symlink_to(victim)
+            for pid in range(os.getpid() - 20, os.getpid() + 20):
+                (folder / f"eventlog.id.{pid}.tmp").symlink_to(victim)
+            attack.trials += 1
+            for shared in (False, True):
+                try:
+                    with EventLog.open(folder, allow_shared_directory=shared) as log:
+                        log.flush("s", [{"role": "user", "content": "x"}])
+                except EventLogError:
+                    pass
+            if victim.read_bytes() != b"precious\n":
+                attack.failures.append(f"{name}: the planted link's target was written")
+    attack.detail = f"{attack.trials} planted directories"
+    return attack
+
+
+ATTACKS = (attack_page_damage, attack_full_disk, attack_spilled_rewrites, attack_forked_children, attack_planted_links)
+
+
+def run_attacks(base: Path, *, seed: int, rounds: int = 1, only: tuple[str, ...] = ()) -> list[Attack]:
+    """Run every attack of :data:`ATTACKS` (or those named in ``only``) under ``base``; each
+    says what failed, if anything."""
+    rng = random.Random(seed)
+    out = []
+    for attack in ATTACKS:
+        if only and attack.__name__ not in only:
+            continue
+        folder = base / attack.__name__
+        folder.mkdir(parents=True, exist_ok=True)
+        started = time.monotonic()
+        result = attack(folder, rng, rounds)
+        result.detail += f" ({time.monotonic() - started:.0f} s)"
+        out.append(result)
+    return out
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter
@@ -564,6 +833,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--no-projection", action="store_true")
     parser.add_argument("--workdir", help="keep the logs here (default: a temporary directory, removed on success)")
     parser.add_argument("--json", help="write the results to this file")
+    parser.add_argument(
+        "--attacks",
+        type=int,
+        metavar="ROUNDS",
+        help="instead of kills, run the other attacks (page damage, full tmpfs, spills, forks, planted links)",
+    )
     parser.add_argument("--writer", help=argparse.SUPPRESS)
     parser.add_argument("--projector", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
@@ -575,6 +850,20 @@ def main(argv: list[str] | None = None) -> int:
     seed = args.seed if args.seed is not None else random.randrange(1 << 30)
     modes = MODES if args.durability == "all" else (args.durability,)
     base = Path(args.workdir) if args.workdir else Path(tempfile.mkdtemp(prefix="crash-harness-"))
+    if args.attacks:
+        found = run_attacks(base, seed=seed, rounds=args.attacks)
+        print(f"{'attack':55} {'trials':>6}  result")
+        for attack in found:
+            verdict = "OK" if not attack.failures else "FAILED: " + "; ".join(attack.failures[:3])
+            print(f"{attack.name:55} {attack.trials:6}  {verdict}  [{attack.detail}]")
+        if args.json:
+            Path(args.json).write_text(
+                json.dumps({"seed": seed, "attacks": [asdict(a) for a in found]}, indent=2) + "\n"
+            )
+        failed = any(attack.failures for attack in found)
+        if not failed and not args.workdir:
+            shutil.rmtree(base, ignore_errors=True)
+        return 1 if failed else 0
     results = []
     for mode in modes:
         print(

@@ -366,3 +366,17 @@ def test_the_synced_floors_write_into_zeroed_space_as_the_product_does(tmp_path:
         assert (tmp_path / "bare" / "data.mdb").stat().st_size >= used + systems.Preallocation.MIN_STEP // 4
     finally:
         floor.close()
+
+
+def test_integrations_scenario(tmp_path: Path) -> None:
+    pytest.importorskip("pydantic_ai", reason="pydantic-ai is not installed (pip install -e '.[test]')")
+    pytest.importorskip("google.adk", reason="google-adk is not installed (pip install -e '.[test]')")
+    from benchmarks import bench_integrations
+
+    result = bench_integrations.run(scratch_dir=tmp_path, turns=2)
+    systems = {row["system"]: row for row in result["rows"]}
+    assert bench_integrations.ADK_REFERENCE in systems and bench_integrations.PYDANTIC_REFERENCE in systems
+    assert {"adk EventLogSessionService (full)", "pydantic-ai EventLogConversationStore (full)"} <= set(systems)
+    assert systems[bench_integrations.ADK_REFERENCE]["ratio"] == 1.0
+    assert all(row["median_ms"] > 0 and row["store_median_ms"] > 0 for row in result["rows"])
+    print(bench_integrations.render(result))

@@ -79,6 +79,8 @@ def test_every_page_with_examples_is_checked():
         assert not re.search(r"^```(py|python3|pycon)\s*$", text, re.M), f"{page.name}: use ```python fences"
     assert len(python_blocks(ROOT / "docs" / "integration.md")) >= 6
     assert len(python_blocks(ROOT / "docs" / "quickstart.md")) >= 3
+    for integration in ["pydantic-ai", "adk"]:
+        assert python_blocks(ROOT / "docs" / "integrations" / f"{integration}.md"), integration
 
 
 def test_cli_md_documents_every_command():

@@ -301,6 +301,27 @@ def test_a_checkpoint_moved_without_its_hash_forgets_the_hash(tmp_path: Path, lo
     proj.close()
 
 
+@pytest.mark.parametrize("ahead", [1, 2])
+def test_a_checkpoint_moved_forward_without_its_hash_is_refused(tmp_path: Path, log: EventLog, ahead: int) -> None:
+    """A checkpoint moved past events whose rows were never written (by hand, a tool, or the
+    schema-version-1 trigger clearing the hash) must not make catch-up skip those events."""
+    log.flush("s", [user("a")])
+    proj = SQLiteProjection(tmp_path / "p.db")
+    proj.catch_up(log)
+    log.flush("s", [user("a"), assistant("b")])
+    log.flush("t", [user("c")])
+    other = sqlite3.connect(tmp_path / "p.db", isolation_level=None)
+    other.execute("UPDATE checkpoint SET last_seq = last_seq + ?", (ahead,))
+    assert other.execute("SELECT last_hash FROM checkpoint").fetchone()[0] is None
+    other.close()
+    with pytest.raises(ProjectionCorruptError, match="checkpoint"):
+        proj.catch_up(log)
+    assert [r["content"] for r in proj.messages("s")] == ["a"]  # nothing applied on top of it
+    assert proj.rebuild(log) == log.last_seq
+    assert [r["content"] for r in proj.messages("s")] == ["a", "b"]
+    proj.close()
+
+
 class Interleaved:
     """A log whose event stream lets another projection catch up after the first event read."""
 

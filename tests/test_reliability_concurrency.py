@@ -186,3 +186,45 @@ def test_crash_harness_command_line_smoke(tmp_path: Path) -> None:
     assert done.returncode == 0, done.stdout + done.stderr
     results = json.loads((tmp_path / "r.json").read_text())["results"]
     assert results[0]["ok"] and results[0]["kills"] == 3
+
+
+_FORKED = r"""
+import json, os, sys
+from eventlog import EventLog, EventLogError
+
+log = EventLog.open(sys.argv[1])
+log.flush("s", [{"role": "user", "content": "before the fork"}])
+store = log._store  # the parent's own open read snapshot, as a long reader holds one
+with store.read() as txn:
+    before = store.env.readers()
+    pid = os.fork()
+    if pid == 0:  # the child: every use is refused, close() touches nothing of the parent's
+        outcome = {}
+        for name, use in [("messages", lambda: log.messages("s")), ("flush", lambda: log.flush("s", []))]:
+            try:
+                use()
+                outcome[name] = "no error"
+            except EventLogError as e:
+                outcome[name] = str(e)
+        log.close()
+        print(json.dumps(outcome), flush=True)
+        sys.exit(0)  # a normal exit: the interpreter's cleanup must not touch the parent's slots either
+    os.waitpid(pid, 0)
+    after = store.env.readers()
+    # The parent's snapshot still holds its pages while others write.
+    for i in range(200):
+        log.flush("s", [{"role": "user", "content": "before the fork"}] + [{"role": "user", "content": str(j)} for j in range(i)])
+    cursor = txn.cursor(db=store.events)
+    count = sum(1 for _ in cursor)
+print(json.dumps({"same_readers": before == after, "before": before, "after": after, "count": count}))
+log.close()
+"""
+
+
+def test_a_log_used_after_fork_is_refused_in_the_child_and_leaves_the_parent_alone(tmp_path: Path) -> None:
+    result = run_python(_FORKED, str(tmp_path / "log"), timeout=120)
+    assert result.returncode == 0, result.stderr
+    child, parent = (json.loads(line) for line in result.stdout.splitlines())
+    assert all("fork" in why for why in child.values()), child
+    assert parent["same_readers"], (parent["before"], parent["after"])
+    assert parent["count"] == 2  # the snapshot from before the fork: the open and the first append

@@ -270,3 +270,21 @@ def test_stale_reader_slot_does_not_make_a_running_writer_grow(tmp_path: Path) -
     control = _growth(tmp_path / "control", stale=False)
     stale = _growth(tmp_path / "stale", stale=True)
     assert stale <= 2 * control + (1 << 20), f"grew {stale} bytes with a stale reader, {control} without"
+
+
+def test_the_harness_attacks_beyond_kills_pass(tmp_path: Path) -> None:
+    """The harness's other attacks (full tmpfs, spilled rewrites, forked children, planted links);
+    the page damage sweep is the storage test that zeroes and scrambles every page."""
+    names = ("attack_full_disk", "attack_spilled_rewrites", "attack_forked_children", "attack_planted_links")
+    found = harness.run_attacks(tmp_path, seed=1, rounds=1, only=names)
+    assert [a.failures for a in found] == [[]] * len(names), found
+    assert all(a.trials > 0 for a in found), found
+
+
+def test_the_harness_attacks_notice_a_followed_link(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The planted-link attack itself can fail: with the lock file opened through links, it says so."""
+    import eventlog.files
+
+    monkeypatch.setattr(eventlog.files.os, "O_NOFOLLOW", 0)
+    found = harness.run_attacks(tmp_path, seed=1, rounds=1, only=("attack_planted_links",))
+    assert found[0].failures

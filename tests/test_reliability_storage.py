@@ -448,3 +448,183 @@ def test_lmdb_errors_become_errors_a_caller_can_act_on(tmp_path: Path) -> None:
     assert isinstance(damaged, CorruptLogError) and "damaged" in str(damaged)
     panic = translate(lmdb.PanicError("MDB_PANIC"), str(tmp_path))
     assert type(panic) is EventLogError and "open it again" in str(panic)
+
+
+def test_a_malformed_last_event_key_is_a_corrupt_log_error_naming_the_key(tmp_path: Path) -> None:
+    from click.testing import CliRunner
+
+    from eventlog.cli import cli
+
+    path = tmp_path / "log"
+    _small_log(path)
+    key, value = raw_events(path)[-1]
+    bad = key + b"\x00"  # nine bytes: sorts after every seq key, so it is the last key
+    _put_event(path, bad, value, delete=key)
+    with EventLog.open(path) as log:
+        report = log.verify()
+        assert not report.ok and bad.hex() in str(report.problems)
+        for read in (lambda: log.last_seq, lambda: list(log.events()), lambda: log.flush("new", [{"role": "user"}])):
+            with pytest.raises(CorruptLogError, match=bad.hex()):
+                read()
+    for command in (["verify"], ["sessions"]):
+        result = CliRunner().invoke(cli, ["--log", str(path), *command])
+        assert result.exit_code != 0 and "Traceback" not in result.output, result.output
+        errors = [line for line in result.output.splitlines() if line.startswith("Error:")]
+        assert command == ["verify"] or len(errors) == 1, result.output
+
+
+def _index_entries(path: Path, number: int) -> dict[bytes, bytes]:
+    env = raw_env(path)
+    try:
+        with env.begin() as txn:
+            cursor = txn.cursor(db=env.open_db(b"index", txn=txn))
+            prefix = number.to_bytes(8, "big")
+            return {bytes(k): bytes(v) for k, v in cursor if bytes(k).startswith(prefix)}
+    finally:
+        env.close()
+
+
+def _put_index(path: Path, number: int, entries: dict[bytes, bytes]) -> None:
+    """Replace session ``number``'s index entries with ``entries``: what a lost page write leaves."""
+    env = raw_env(path)
+    try:
+        with env.begin(write=True) as txn:
+            db = env.open_db(b"index", txn=txn)
+            for key in _index_entries_in(txn, db, number):
+                txn.delete(key, db=db)
+            for key, value in entries.items():
+                txn.put(key, value, db=db)
+    finally:
+        env.close()
+
+
+def _index_entries_in(txn: lmdb.Transaction, db: object, number: int) -> list[bytes]:
+    prefix = number.to_bytes(8, "big")
+    return [bytes(k) for k in txn.cursor(db=db).iternext(values=False) if bytes(k).startswith(prefix)]
+
+
+@pytest.mark.parametrize("shape", ["appended", "rewound"])
+@pytest.mark.parametrize("stale", ["state and chain", "state", "chain"])
+def test_a_stale_index_page_is_an_error_not_an_older_transcript(tmp_path: Path, shape: str, stale: str) -> None:
+    path = tmp_path / "log"
+    first = [{"role": "user", "content": "question"}, {"role": "assistant", "content": "answer"}]
+    with EventLog.open(path) as log:
+        log.flush("s", first)
+        if shape == "rewound":
+            first = [first[0], {"role": "assistant", "content": "edited"}]
+            log.flush("s", first)
+    env = raw_env(path)
+    with env.begin() as txn:
+        number = int.from_bytes(txn.get(b"s", db=env.open_db(b"sessions", txn=txn)), "big")
+    env.close()
+    before = _index_entries(path, number)
+    with EventLog.open(path) as log:
+        log.flush("s", [*first, {"role": "user", "content": "acknowledged"}])
+    after = _index_entries(path, number)
+    state = number.to_bytes(8, "big") + b"h"
+    if stale == "state and chain":
+        _put_index(path, number, before)
+    elif stale == "state":
+        _put_index(path, number, {**after, state: before[state]})
+    else:
+        _put_index(path, number, {**before, state: after[state]})
+    with EventLog.open(path) as log:
+        with pytest.raises(CorruptLogError, match=r"session|chain"):
+            log.messages("s")
+        with pytest.raises(CorruptLogError):
+            log.messages("s", last=1)
+        assert not log.verify().ok
+
+
+_SWEEP = r"""
+import json, os, shutil, sys
+from eventlog import EventLog, EventLogError
+from eventlog.verify import verify_files
+
+source, scratch, fill = sys.argv[1], sys.argv[2], sys.argv[3]
+pages = os.path.getsize(os.path.join(source, "data.mdb")) // 4096
+for page in range(2, pages):
+    shutil.rmtree(scratch, ignore_errors=True)
+    shutil.copytree(source, scratch)
+    with open(os.path.join(scratch, "data.mdb"), "r+b") as f:
+        f.seek(page * 4096)
+        f.write(bytes(4096) if fill == "zero" else os.urandom(4096))
+    print(json.dumps({"page": page, "started": True}), flush=True)  # an abort shows which page
+    try:
+        log = EventLog.open(scratch, readonly=True)
+    except EventLogError as e:  # damaged beyond opening
+        report = verify_files(scratch, e)
+    else:
+        with log:
+            report = log.verify()
+    print(json.dumps({"page": page, "ok": report.ok, "damaged": [str(d) for d in report.damaged_pages]}), flush=True)
+"""
+
+
+@pytest.mark.parametrize("fill", ["zero", "random"])
+def test_a_damaged_page_anywhere_gives_a_report_never_an_abort(tmp_path: Path, fill: str) -> None:
+    """Every page of the data file in turn zeroed (or filled with noise): verify returns a report
+    naming the page, and for a page of the events table the events it held, instead of LMDB
+    aborting the process on an assertion."""
+    path = tmp_path / "log"
+    with EventLog.open(path) as log:
+        for s in range(4):
+            transcript: list[dict[str, object]] = []
+            for i in range(40):
+                transcript.append({"role": "user", "content": f"s{s} m{i} " + "x" * 300})
+                log.flush(f"s{s}", transcript)
+        transcript.append({"role": "tool", "content": "big " + "y" * 20_000})  # an overflow value
+        log.flush("s3", transcript)
+        assert log.verify().ok
+    result = run_python(_SWEEP, str(path), str(tmp_path / "scratch"), fill, timeout=600)
+    lines = [json.loads(line) for line in result.stdout.splitlines()]
+    done = [line for line in lines if "ok" in line]
+    assert result.returncode == 0, f"aborted at page {lines[-1]['page'] if lines else '?'}: {result.stderr[-500:]}"
+    assert len(done) == len([line for line in lines if "started" in line])
+    damaged = [line for line in done if not line["ok"]]
+    assert len(damaged) > len(done) // 2  # most pages are in use; free ones may be damaged harmlessly
+    events = [d for line in damaged for d in line["damaged"] if "events table, events" in d]
+    assert events, "no damaged page of the events table was named with its events"
+
+
+_OPEN_ON_A_FULL_DISK = r"""
+import os, sys
+from eventlog import EventLog, StorageFullError
+try:
+    with EventLog.open(sys.argv[1]) as log:
+        log.messages("s")
+except StorageFullError as e:
+    print("StorageFullError:", e)
+"""
+
+
+def _fill_up(mountpoint: Path) -> None:
+    """Fill the file system to the last byte."""
+    fd = os.open(mountpoint / "filler", os.O_WRONLY | os.O_CREAT)
+    try:
+        for size in (65536, 4096, 1):
+            try:
+                while True:
+                    os.write(fd, b"\xff" * size)
+            except OSError:
+                pass
+    finally:
+        os.close(fd)
+
+
+@pytest.mark.parametrize("case", ["new log", "lock file missing"])
+def test_opening_a_log_on_a_full_disk_is_storage_full_not_sigbus(tmpfs: Path, case: str) -> None:
+    path = tmpfs / "log"
+    if case == "lock file missing":
+        with EventLog.open(path) as log:
+            log.flush("s", [{"role": "user", "content": "stored"}])
+        (path / "lock.mdb").unlink()
+    _fill_up(tmpfs)
+    result = run_python(_OPEN_ON_A_FULL_DISK, str(path))
+    assert result.returncode == 0, f"died with {result.returncode}: {result.stderr[-400:]}"
+    assert "StorageFullError" in result.stdout, result.stdout + result.stderr
+    if case == "lock file missing":
+        (tmpfs / "filler").unlink()
+        with EventLog.open(path) as log:
+            assert log.messages("s") == [{"role": "user", "content": "stored"}]
+            assert log.verify().ok

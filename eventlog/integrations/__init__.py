@@ -29,6 +29,8 @@ AnyEventLog = EventLog | AsyncEventLog
 EXTRAS: dict[str, str] = {
     "openai_agents": "openai-agents",
     "hermes": "hermes",
+    "pydantic_ai": "pydantic-ai",
+    "adk": "adk",
 }
 """The pip extra of each integration module (``agent-eventlog[<extra>]``); a module not listed
 uses its own name with ``-`` for ``_``."""

@@ -44,7 +44,7 @@ from ..aio import AsyncEventLog
 from ..errors import ConflictError
 from ..log import EventLog
 from ..writer import EMPTY_HEAD
-from . import AnyEventLog, require
+from . import AnyEventLog, as_async, require
 
 require("adk", "google.adk.sessions", distribution="google-adk")
 
@@ -179,13 +179,12 @@ class EventLogSessionService(BaseSessionService):
     """
 
     def __init__(self, log: AnyEventLog, *, namespace: str = "adk") -> None:
-        if isinstance(log, AsyncEventLog):
-            log = log.sync
-        if not isinstance(log, EventLog):
+        if not isinstance(log, (EventLog, AsyncEventLog)):
             raise TypeError(f"log must be an EventLog or an AsyncEventLog, not {type(log).__name__}")
         if not isinstance(namespace, str) or not namespace or any(c in namespace for c in ":#/"):
             raise ValueError(f"namespace must be a non-empty str without ':', '#' or '/', not {namespace!r}")
-        self._log = log
+        self._async = as_async(log)
+        self._log = self._async.sync
         self._namespace = namespace
         self._cache: OrderedDict[str, _Loaded] = OrderedDict()
         self._cache_guard = threading.Lock()
@@ -220,7 +219,8 @@ class EventLogSessionService(BaseSessionService):
     ) -> Session:
         if session_id is None:
             session_id = platform_uuid.new_uuid()
-        return await asyncio.to_thread(self._create, app_name, user_id, state or {}, session_id)
+        base = self.transcript_session(app_name, user_id, session_id)
+        return await self._async.run(self._create, app_name, user_id, state or {}, session_id, sessions=(base,))
 
     async def get_session(
         self,
@@ -230,16 +230,17 @@ class EventLogSessionService(BaseSessionService):
         session_id: str,
         config: GetSessionConfig | None = None,
     ) -> Session | None:
-        return await asyncio.to_thread(self._get, app_name, user_id, session_id, config)
+        return await self._async.run(self._get, app_name, user_id, session_id, config)
 
     async def list_sessions(self, *, app_name: str, user_id: str | None = None) -> ListSessionsResponse:
-        return await asyncio.to_thread(self._list, app_name, user_id)
+        return await self._async.run(self._list, app_name, user_id)
 
     async def delete_session(self, *, app_name: str, user_id: str, session_id: str) -> None:
-        await asyncio.to_thread(self._delete, app_name, user_id, session_id)
+        base = self.transcript_session(app_name, user_id, session_id)
+        await self._async.run(self._delete, app_name, user_id, session_id, sessions=(base,))
 
     async def get_user_state(self, *, app_name: str, user_id: str) -> dict[str, Any]:
-        return await asyncio.to_thread(self._state_of, self._user_session(app_name, user_id))
+        return await self._async.run(self._state_of, self._user_session(app_name, user_id))
 
     async def append_event(self, session: Session, event: Event) -> Event:
         """Append ``event`` to ``session`` in the log, then to the ``Session`` object.
@@ -257,7 +258,7 @@ class EventLogSessionService(BaseSessionService):
         if lock is None:
             lock = self._locks[base] = asyncio.Lock()
         async with lock:
-            outcome = await asyncio.to_thread(self._append, session, event)
+            outcome = await self._async.run(self._append, session, event, sessions=(base,))
         if outcome is None:
             if not any(existing.id == event.id for existing in session.events):
                 session.events.append(event)  # a lost acknowledgement: it is stored, show it
@@ -446,7 +447,7 @@ class EventLogSessionService(BaseSessionService):
             if config and config.after_timestamp:
                 rows = [row for row in rows if row.get("timestamp", 0.0) >= config.after_timestamp]
             if config and config.num_recent_events is not None:
-                rows = rows[len(rows) - config.num_recent_events :]
+                rows = rows[max(0, len(rows) - config.num_recent_events) :]
         session = Session(
             id=session_id,
             app_name=app_name,
@@ -495,7 +496,11 @@ class EventLogSessionService(BaseSessionService):
 
     def _delete(self, app_name: str, user_id: str, session_id: str) -> None:
         base = self.transcript_session(app_name, user_id, session_id)
-        self._log.flush_many({base + "#session": [], base + "#events": [], base: []}, replace=True)
+        log = self._log
+        log.flush_many({base + "#session": [], base + "#events": [], base: []}, replace=True)
+        info = log.session(base)
+        if info is not None and not info.closed:  # the transcript ends here; its events stay
+            log.close_session(base, reason="deleted")
         with self._cache_guard:
             self._cache.pop(base, None)
 

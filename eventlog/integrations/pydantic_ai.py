@@ -29,8 +29,9 @@ it leaves (``rewind`` or ``edit``), a delete tombstones the transcript and the r
 
 from __future__ import annotations
 
-import asyncio
+import threading
 import urllib.parse
+from collections import OrderedDict
 from collections.abc import Sequence
 from typing import Any, Final
 
@@ -38,7 +39,7 @@ from ..aio import AsyncEventLog
 from ..errors import ConflictError
 from ..log import EventLog
 from ..writer import EMPTY_HEAD
-from . import AnyEventLog, require
+from . import AnyEventLog, as_async, require
 
 require("pydantic_ai", "pydantic_ai.conversation_store", distribution="pydantic-ai")
 
@@ -56,6 +57,10 @@ __all__ = ["EventLogConversationStore"]
 WRITE_ATTEMPTS: Final = 8
 """Times a write re-reads the record after the log reported a concurrent change that left the
 caller's revision current (its reads and the commit straddled another writer's commit)."""
+
+CACHED_TRANSCRIPTS: Final = 256
+"""Conversations whose transcript rows the store keeps in memory between saves, each checked
+against the head of its record session before use, so another process's writes are seen."""
 
 _RECORD: Final = pydantic.TypeAdapter(ConversationRecord)
 RECORD_KIND: Final = "pydantic-ai.record"
@@ -123,14 +128,18 @@ class EventLogConversationStore(ConversationStore):
     """
 
     def __init__(self, log: AnyEventLog, *, namespace: str = "pydantic-ai") -> None:
-        if isinstance(log, AsyncEventLog):
-            log = log.sync
-        if not isinstance(log, EventLog):
+        if not isinstance(log, (EventLog, AsyncEventLog)):
             raise TypeError(f"log must be an EventLog or an AsyncEventLog, not {type(log).__name__}")
         if not isinstance(namespace, str) or not namespace or any(c in namespace for c in ":#"):
             raise ValueError(f"namespace must be a non-empty str without ':' or '#', not {namespace!r}")
-        self._log = log
+        self._async = as_async(log)
+        self._log = self._async.sync
         self._namespace = namespace
+        # transcript session -> (head of its record session, the transcript's rows at that head):
+        # every write of a transcript through the store also replaces its record, whose head is
+        # therefore a version of both.
+        self._rows: OrderedDict[str, tuple[str, list[dict[str, Any]]]] = OrderedDict()
+        self._rows_guard = threading.Lock()
 
     # -- where things live in the log -----------------------------------------
 
@@ -151,11 +160,11 @@ class EventLogConversationStore(ConversationStore):
     # -- the storage primitives -----------------------------------------------
 
     async def read_record(self, conversation_id: str) -> ConversationRecord | None:
-        stored = await asyncio.to_thread(self._stored_record, self._record_session(conversation_id))
+        stored = await self._async.run(self._stored_record, self._record_session(conversation_id))
         return None if stored is None else _RECORD.validate_python(stored["record"])
 
     async def read_records(self, *, scope: str | None = None, limit: int | None = None) -> Sequence[ConversationRecord]:
-        return await asyncio.to_thread(self._read_records, scope, limit)
+        return await self._async.run(self._read_records, scope, limit)
 
     async def write_record(
         self,
@@ -164,17 +173,19 @@ class EventLogConversationStore(ConversationStore):
         new_entries: Sequence[ConversationEntry] = (),
         expected_revision: str | None,
     ) -> None:
-        await asyncio.to_thread(self._write_record, record, list(new_entries), expected_revision)
+        transcript = self.transcript_session(record.conversation_id)
+        await self._async.run(self._write_record, record, list(new_entries), expected_revision, sessions=(transcript,))
 
     async def delete_record(self, conversation_id: str, *, expected_revision: str) -> None:
-        await asyncio.to_thread(self._delete_record, conversation_id, expected_revision)
+        transcript = self.transcript_session(conversation_id)
+        await self._async.run(self._delete_record, conversation_id, expected_revision, sessions=(transcript,))
 
     async def read_entry(self, entry_id: str) -> ConversationEntry:
         """The entry with this id: one lookup of the log's session index.
 
         Raises ``KeyError`` when the store never stored it.
         """
-        return await asyncio.to_thread(self._read_entry, entry_id)
+        return await self._async.run(self._read_entry, entry_id)
 
     async def read_history(self, head_id: str | None, *, limit: int | None = None) -> list[ConversationEntry]:
         """The entries up to ``head_id``, read as one slice of the transcript that holds it.
@@ -186,7 +197,7 @@ class EventLogConversationStore(ConversationStore):
         """
         if limit is not None and limit < 0:
             raise ValueError("limit must not be negative")
-        rows = await asyncio.to_thread(self._history, head_id, limit)
+        rows = await self._async.run(self._history, head_id, limit)
         return [_entry_of(row) for row in rows]
 
     # -- on the worker thread -------------------------------------------------
@@ -194,6 +205,25 @@ class EventLogConversationStore(ConversationStore):
     def _stored_record(self, record_session: str) -> dict[str, Any] | None:
         rows = self._log.messages(record_session, last=1)
         return rows[-1] if rows else None
+
+    def _transcript_rows(self, transcript: str, record_head: str | None) -> list[dict[str, Any]]:
+        """The rows of ``transcript`` while its record session's head is ``record_head``."""
+        with self._rows_guard:
+            cached = self._rows.get(transcript)
+            if cached is not None and record_head is not None and cached[0] == record_head:
+                self._rows.move_to_end(transcript)
+                return cached[1]
+        return self._log.messages(transcript)
+
+    def _remember(self, transcript: str, record_head: str | None, rows: list[dict[str, Any]]) -> None:
+        with self._rows_guard:
+            if record_head is None:
+                self._rows.pop(transcript, None)
+                return
+            self._rows[transcript] = (record_head, rows)
+            self._rows.move_to_end(transcript)
+            while len(self._rows) > CACHED_TRANSCRIPTS:
+                self._rows.popitem(last=False)
 
     def _read_records(self, scope: str | None, limit: int | None) -> list[ConversationRecord]:
         prefix = self._namespace + ":"
@@ -226,7 +256,8 @@ class EventLogConversationStore(ConversationStore):
         home = self.transcript_session(rows[-1]["conversation"])
         position: int = rows[-1]["position"]
         # The usual case: the head of the conversation the entry was saved in.
-        window = log.messages(home, last=limit) if limit is not None else log.messages(home)
+        rows_now = self._transcript_rows(home, log.head(home + "#record")) if limit is None else None
+        window = rows_now if rows_now is not None else log.messages(home, last=limit)
         if window and window[-1]["entry_id"] == head_id:
             return window
         candidates: list[list[dict[str, Any]]] = []
@@ -278,7 +309,7 @@ class EventLogConversationStore(ConversationStore):
             stored = self._stored_record(record_session)
             if (stored["record"]["revision"] if stored else None) != expected_revision:
                 raise ConversationConflict(conversation_id)
-            current = log.messages(transcript) if stored is not None else []
+            current = self._transcript_rows(transcript, head) if stored is not None else []
             left_at = log.last_seq  # the transcript as of this seq is `current`
             chain: list[ConversationEntry] = []
             entry_id = record.head_id
@@ -314,13 +345,14 @@ class EventLogConversationStore(ConversationStore):
             if stored is None and not chain and history and transcript not in log:
                 self._fork_into(transcript, history)
             try:
-                log.flush_many(
+                results = log.flush_many(
                     {record_session: [record_row], transcript: history, **entry_rows},
                     expected_heads={record_session: head or EMPTY_HEAD},
                     replace=True,
                 )
             except ConflictError:
                 continue  # someone wrote between our reads and the commit: check the revision again
+            self._remember(transcript, results[record_session].head, history)
             return
         raise ConversationConflict(conversation_id)
 
@@ -358,6 +390,10 @@ class EventLogConversationStore(ConversationStore):
                 )
             except ConflictError:
                 continue
+            self._remember(transcript, None, [])
+            info = log.session(transcript)
+            if info is not None and not info.closed:  # the transcript ends here; its messages stay
+                log.close_session(transcript, reason="deleted")
             return
         raise ConversationConflict(conversation_id)
 
