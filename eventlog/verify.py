@@ -28,6 +28,7 @@ import lmdb
 
 from . import codec
 from . import events as ev
+from .audit import check_checkpoints
 from .codec import ZERO
 from .errors import CorruptLogError, EventLogError
 from .keys import HEADER, LINK, SEQ, STATE, SessionState, event_hash
@@ -35,6 +36,7 @@ from .merkle import Frontier, leaf_hash
 from .pages import DamagedPage, check_pages
 from .store import Store
 from .tree import leaf_input, node_key
+from .verifier import Verifier
 
 
 @dataclass(frozen=True, slots=True)
@@ -110,6 +112,8 @@ def verify(
     progress: Callable[[int, int], None] | None = None,
     limit: int = 100,
     expect: Iterable[LogHead] = (),
+    checkpoints: Iterable[str] = (),
+    keys: Iterable[Verifier] = (),
 ) -> VerifyReport:
     """Check the whole log; stop collecting after ``limit`` problems.
 
@@ -128,6 +132,8 @@ def verify(
                 report.problems.extend(Problem(0, str(page)) for page in pages.damaged)
                 return report
             _verify_snapshot(store, txn, report, progress, limit, expect)
+            found = check_checkpoints(store, txn, checkpoints, list(keys))
+            report.problems.extend(Problem(0, what) for what in found)
     except CorruptLogError as e:
         report.problems.append(Problem(0, str(e)))
     except OSError as e:
