@@ -106,6 +106,7 @@ class PostgresProjection:
         self._s = sql.Identifier(schema)
         self.where = _describe(conninfo, pool, schema)
         self._conn: psycopg.Connection[Any] | None = None
+        self._closed = False
         if conninfo is not None:
             try:
                 self._conn = psycopg.connect(conninfo, autocommit=True)
@@ -121,12 +122,13 @@ class PostgresProjection:
     # -- lifecycle -------------------------------------------------------------
 
     def close(self) -> None:
-        """Close the connection (a pool given by the caller stays open)."""
+        """Close the connection (a pool given by the caller stays open); later calls raise ProjectionError."""
+        self._pool = None
+        self._closed = True
         with self._lock:
             if self._conn is not None:
                 self._conn.close()
                 self._conn = None
-            self._pool = None
 
     def __enter__(self) -> PostgresProjection:
         return self
@@ -373,21 +375,23 @@ class PostgresProjection:
 
     @contextmanager
     def _connection(self) -> Iterator[psycopg.Connection[Any]]:
-        """A connection for one call (the pool's, or ours under the lock), errors translated."""
-        with self._lock:
-            if self._conn is None and self._pool is None:
-                raise ProjectionError(f"{self.where}: the projection is closed")
-            try:
-                if self._pool is not None:
-                    with self._pool.connection() as conn:
-                        yield conn
-                else:
-                    assert self._conn is not None
-                    if self._conn.broken:
-                        self._reconnect()
-                    yield self._conn
-            except psycopg.Error as e:
-                raise ProjectionError(f"{self.where}: {type(e).__name__}: {_first_line(e)}") from e
+        """A connection for one call (borrowed from the pool, or ours under the lock), errors translated."""
+        pool = self._pool
+        if self._closed:
+            raise ProjectionError(f"{self.where}: the projection is closed")
+        try:
+            if pool is not None:  # calls on other threads borrow connections of their own
+                with pool.connection() as conn:
+                    yield conn
+                return
+            with self._lock:
+                if self._conn is None:
+                    raise ProjectionError(f"{self.where}: the projection is closed")
+                if self._conn.broken:
+                    self._reconnect()
+                yield self._conn
+        except psycopg.Error as e:
+            raise ProjectionError(f"{self.where}: {type(e).__name__}: {_first_line(e)}") from e
 
     def _reconnect(self) -> None:
         """The server closed our connection (restarted, or was down): connect again for the next call."""

@@ -1,0 +1,242 @@
+"""EventLogSaver under real LangGraph graphs: turns with tool calls, interrupts, time travel, removals, subgraphs."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+pytest.importorskip("langgraph", reason="needs agent-eventlog[langgraph]")
+
+from crashkit import run_python
+from langchain_core.messages import AIMessage, HumanMessage, RemoveMessage
+from langgraph.checkpoint.memory import InMemorySaver
+from langgraph.graph import START, MessagesState, StateGraph
+from langgraph.types import Command, interrupt
+from langgraph_graphs import agent_graph, scripted, without_ids
+
+from eventlog import EventLog
+from eventlog.integrations.langgraph import EventLogSaver, records_session
+
+
+def config(thread: str) -> dict[str, Any]:
+    return {"configurable": {"thread_id": thread}}
+
+
+def run_turns(graph: Any, thread: str, turns: int) -> None:
+    for turn in range(turns):
+        graph.invoke({"messages": [HumanMessage(content=f"question {turn}", id=f"user-{turn}")]}, config(thread))
+
+
+def history_values(graph: Any, thread: str) -> list[tuple[str, list[Any]]]:
+    return [
+        (snapshot.config["configurable"]["checkpoint_id"], snapshot.values.get("messages", []))
+        for snapshot in graph.get_state_history(config(thread))
+    ]
+
+
+def test_turns_with_tool_calls_match_the_in_memory_saver(tmp_path: Path) -> None:
+    responses = scripted(4)
+    with EventLog.open(tmp_path / "log") as log:
+        ours = agent_graph(responses, EventLogSaver(log))
+        theirs = agent_graph(responses, InMemorySaver())
+        run_turns(ours, "t", 4)
+        run_turns(theirs, "t", 4)
+        state = ours.get_state(config("t")).values["messages"]
+        assert without_ids(state) == without_ids(theirs.get_state(config("t")).values["messages"])
+        assert len(state) == 4 * 2 + 2 * 2  # a user message and an answer per turn, a call and a result every other
+        history = list(ours.get_state_history(config("t")))
+        assert len(history) == len(list(theirs.get_state_history(config("t"))))
+        # The conversation is the thread's session, as the log's own readers see it.
+        rows = log.messages("t")
+        with_tools = ["user", "assistant", "tool", "assistant"]
+        assert [row["role"] for row in rows] == (with_tools + ["user", "assistant"]) * 2
+        assert rows[2]["tool_call_id"] == "call-0" and rows[1]["tool_calls"][0]["name"] == "lookup"
+
+
+def test_every_checkpoint_reads_back_the_same_from_a_fresh_process(tmp_path: Path) -> None:
+    """The history a cached saver serves equals what a saver opened afresh reads from disk."""
+    with EventLog.open(tmp_path / "log") as log:
+        graph = agent_graph(scripted(3), EventLogSaver(log))
+        run_turns(graph, "t", 3)
+        seen = history_values(graph, "t")
+    with EventLog.open(tmp_path / "log") as log:
+        fresh = agent_graph([], EventLogSaver(log))
+        assert history_values(fresh, "t") == seen
+    lengths = [len(messages) for _, messages in seen]
+    assert lengths == sorted(lengths, reverse=True) and lengths[0] == 3 * 2 + 2 * 2
+
+
+def test_storage_grows_with_the_messages_not_their_square(tmp_path: Path) -> None:
+    with EventLog.open(tmp_path / "log") as log:
+        graph = agent_graph(scripted(12, tools_every=0), EventLogSaver(log))
+        run_turns(graph, "t", 12)
+        history = log.history("t")
+        assert len(history) == 24 and all(
+            o.origin == "append" and o.tombstone is None for o in history
+        )  # every message stored once, though every checkpoint holds the whole list
+        assert len(log.messages("t")) == 24
+
+
+def test_interrupt_and_resume(tmp_path: Path) -> None:
+    def ask(state: MessagesState) -> dict[str, Any]:
+        answer = interrupt({"question": "approve?"})
+        return {"messages": [AIMessage(content=f"approved: {answer}", id="approval")]}
+
+    builder = StateGraph(MessagesState)
+    builder.add_node("ask", ask)
+    builder.add_edge(START, "ask")
+    with EventLog.open(tmp_path / "log") as log:
+        graph = builder.compile(checkpointer=EventLogSaver(log))
+        out = graph.invoke({"messages": [HumanMessage(content="go", id="u")]}, config("t"))
+        assert out["__interrupt__"][0].value == {"question": "approve?"}
+        assert graph.get_state(config("t")).next == ("ask",)
+    with EventLog.open(tmp_path / "log") as log:  # resumed by a new process
+        graph = builder.compile(checkpointer=EventLogSaver(log))
+        out = graph.invoke(Command(resume="yes"), config("t"))
+        assert [m.content for m in out["messages"]] == ["go", "approved: yes"]
+        assert graph.get_state(config("t")).next == ()
+
+
+def test_time_travel_fork_keeps_every_checkpoint_exact(tmp_path: Path) -> None:
+    with EventLog.open(tmp_path / "log") as log:
+        graph = agent_graph(scripted(4, tools_every=0), EventLogSaver(log))
+        run_turns(graph, "t", 3)
+        before = history_values(graph, "t")
+        # Go back to the checkpoint after the first turn and continue from there.
+        past = next(
+            s for s in graph.get_state_history(config("t")) if len(s.values.get("messages", [])) == 2 and not s.next
+        )
+        graph.invoke({"messages": [HumanMessage(content="another path", id="fork-user")]}, past.config)
+        now = graph.get_state(config("t")).values["messages"]
+        assert [m.content for m in now[:3]] == ["question 0", now[1].content, "another path"]
+        assert len(now) == 4
+        # The old branch reads back exactly, though its messages left the live transcript.
+        after = dict(history_values(graph, "t"))
+        for checkpoint_id, messages in before:
+            assert after[checkpoint_id] == messages
+        assert [o.tombstone.reason for o in log.history("t") if o.tombstone] == ["rewind"] * 4
+        assert [row["content"] for row in log.messages("t")] == [m.content for m in now]
+
+
+def test_update_state_with_remove_message_tombstones(tmp_path: Path) -> None:
+    with EventLog.open(tmp_path / "log") as log:
+        graph = agent_graph(scripted(3, tools_every=0), EventLogSaver(log))
+        run_turns(graph, "t", 2)
+        before = graph.get_state(config("t"))
+        graph.update_state(config("t"), {"messages": [RemoveMessage(id="user-0")]})
+        after = graph.get_state(config("t")).values["messages"]
+        assert [m.id for m in after] == ["ai-0", "user-1", "ai-1"]
+        assert [row["id"] for row in log.messages("t")] == ["ai-0", "user-1", "ai-1"]
+        stones = [o for o in log.history("t") if o.tombstone]
+        assert [o.tombstone.reason for o in stones] == ["clear"] * 4  # the first message went: no prefix is kept
+        assert graph.get_state(before.config).values["messages"] == before.values["messages"]
+        # Removing the last message is a rewind of the transcript.
+        graph.update_state(config("t"), {"messages": [RemoveMessage(id="ai-1")]})
+        assert [row["id"] for row in log.messages("t")] == ["ai-0", "user-1"]
+        assert log.history("t")[-1].tombstone.reason == "rewind"  # type: ignore[union-attr]
+
+
+def test_subgraph_namespaces_are_their_own_transcripts(tmp_path: Path) -> None:
+    def inner_node(state: MessagesState) -> dict[str, Any]:
+        return {"messages": [AIMessage(content="from the subgraph", id="inner")]}
+
+    inner = StateGraph(MessagesState)
+    inner.add_node("inner_node", inner_node)
+    inner.add_edge(START, "inner_node")
+    sub = inner.compile()
+
+    def ask_inside(state: MessagesState) -> dict[str, Any]:
+        answer = interrupt("inside?")
+        return {"messages": [AIMessage(content=f"inner got {answer}", id="inner-answer")]}
+
+    interrupting = StateGraph(MessagesState)
+    interrupting.add_node("ask_inside", ask_inside)
+    interrupting.add_edge(START, "ask_inside")
+
+    outer = StateGraph(MessagesState)
+    outer.add_node("child", sub)
+    outer.add_node("asker", interrupting.compile())
+    outer.add_edge(START, "child")
+    outer.add_edge("child", "asker")
+    with EventLog.open(tmp_path / "log") as log:
+        saver = EventLogSaver(log)
+        graph = outer.compile(checkpointer=saver)
+        graph.invoke({"messages": [HumanMessage(content="hi", id="u")]}, config("t"))
+        state = graph.get_state(config("t"), subgraphs=True)
+        assert state.tasks[0].state is not None  # the interrupted subgraph's own checkpoint
+        namespaces = {c.config["configurable"]["checkpoint_ns"] for c in saver.list(None)}
+        assert "" in namespaces and any(ns.startswith("asker:") for ns in namespaces)
+        out = graph.invoke(Command(resume="yes"), config("t"))
+        assert [m.content for m in out["messages"]] == ["hi", "from the subgraph", "inner got yes"]
+        assert [row["content"] for row in log.messages("t")] == ["hi", "from the subgraph", "inner got yes"]
+        assert records_session("t") in log
+
+
+def test_delete_thread_tombstones_and_keeps_history(tmp_path: Path) -> None:
+    with EventLog.open(tmp_path / "log") as log:
+        saver = EventLogSaver(log)
+        graph = agent_graph(scripted(2, tools_every=0), saver)
+        run_turns(graph, "t", 2)
+        saver.delete_thread("t")
+        assert saver.get_tuple(config("t")) is None
+        assert graph.get_state(config("t")).values == {}
+        assert log.messages("t") == []
+        assert len(log.history("t")) == 4 and all(
+            o.tombstone and o.tombstone.reason == "clear" for o in log.history("t")
+        )
+        # The thread starts again from nothing.
+        graph = agent_graph(scripted(1, tools_every=0), saver)
+        run_turns(graph, "t", 1)
+        assert graph.get_state(config("t")).values["messages"][0].content == "question 0"
+
+
+KILLED_BETWEEN_PUT_AND_PUT_WRITES = """
+import os, signal, sys, time
+sys.path.insert(0, sys.argv[3])
+from langchain_core.messages import HumanMessage
+from eventlog import EventLog
+from eventlog.integrations.langgraph import EventLogSaver
+from langgraph_graphs import agent_graph, scripted
+
+kill_at = int(sys.argv[2])
+
+class Dying(EventLogSaver):
+    calls = 0
+
+    def put_writes(self, config, writes, task_id, task_path=""):
+        Dying.calls += 1
+        if Dying.calls == kill_at:
+            # LangGraph saves a checkpoint and its tasks' writes on worker threads: wait until the
+            # checkpoint these writes belong to is stored, then die before they are.
+            while self.get_tuple(config) is None:
+                time.sleep(0.001)
+            os.kill(os.getpid(), signal.SIGKILL)
+        return super().put_writes(config, writes, task_id, task_path)
+
+with EventLog.open(sys.argv[1]) as log:
+    graph = agent_graph(scripted(2), Dying(log))
+    config = {"configurable": {"thread_id": "t"}}
+    graph.invoke({"messages": [HumanMessage(content="question 0", id="user-0")]}, config, durability="sync")
+"""
+
+
+@pytest.mark.parametrize("kill_at", [1, 3])
+def test_a_process_killed_between_put_and_put_writes_resumes(tmp_path: Path, kill_at: int) -> None:
+    path = str(tmp_path / "log")
+    done = run_python(KILLED_BETWEEN_PUT_AND_PUT_WRITES, path, str(kill_at), str(Path(__file__).parent))
+    assert done.returncode == -9, done.stderr
+    with EventLog.open(path) as log:
+        saver = EventLogSaver(log)
+        graph = agent_graph(scripted(2), saver)
+        stopped = graph.get_state(config("t"))
+        assert stopped.next  # the run stopped half way
+        assert len(list(graph.get_state_history(config("t")))) >= kill_at  # a checkpoint per step begun, at least
+        out = graph.invoke(None, config("t"), durability="sync")  # resume
+        expected = agent_graph(scripted(2), InMemorySaver())
+        want = expected.invoke({"messages": [HumanMessage(content="question 0", id="user-0")]}, config("t"))
+        assert without_ids(out["messages"]) == without_ids(want["messages"])
+        assert [row.get("content") for row in log.messages("t")] == [m.content for m in out["messages"]]
+        assert graph.get_state(config("t")).next == ()
+        assert log.verify().ok
