@@ -120,10 +120,6 @@ class Tree:
         self.path = path
         self._db = db
         self.events = events
-        self._frontier: Frontier | None = None
-        self._mark: tuple[int, bytes] | None = None
-        """The right edge after this process's last extend: the next commit starts from it
-        when the tree still has that size (nodes are never rewritten, only appended)."""
 
     @property
     def exists(self) -> bool:
