@@ -42,16 +42,20 @@ from typing import Any, TypeVar
 
 from .errors import EventLogError
 from .log import EventLog, FlushResult
-from .replay import Occurrence
+from .replay import Occurrence, SessionInfo
 from .verify import VerifyReport
 
 __all__ = ["DEFAULT_WORKERS", "AsyncEventLog"]
 
 T = TypeVar("T")
 
-DEFAULT_WORKERS = 32
+DEFAULT_WORKERS = 8
 """Worker threads of an :class:`AsyncEventLog`: how many of its calls can be in flight at once
-(and so how many writes one commit can carry).  More calls than this wait their turn in order."""
+(and so how many writes one commit can carry).  More calls than this wait their turn in order.
+
+Eight carry about as many turns per second as 32 on the two-core reference machine
+(benchmarks/bench_aio.py), while the event loop waits for the GIL far less: every worker
+running Python between its syncs is one more thread the loop's thread competes with."""
 
 
 def _copy(messages: Any) -> Any:
@@ -256,9 +260,9 @@ class AsyncEventLog:
         """:meth:`EventLog.history`, awaited."""
         return await self._call((), self._log.history, session_id)
 
-    async def session(self, session_id: str) -> Any:
+    async def session(self, session_id: str) -> SessionInfo | None:
         """:meth:`EventLog.session`, awaited: what the log knows of the session, or ``None``."""
-        return await self._call((), self._log.session, session_id)  # type: ignore[attr-defined,unused-ignore]
+        return await self._call((), self._log.session, session_id)
 
     async def head(self, session_id: str) -> str | None:
         """:meth:`EventLog.head`, awaited."""

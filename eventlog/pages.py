@@ -73,8 +73,10 @@ def check_pages(data_path: str, txnid: int | None = None, *, page_size: int | No
     """Walk every B-tree of the data file at ``data_path`` and report the damaged pages.
 
     ``txnid`` is the caller's read snapshot (``txn.id()``): the meta page of that
-    transaction is used, so that pages a writer frees meanwhile stay as they were
-    (the snapshot's reader slot pins them).  None takes the newer valid meta page.
+    transaction is used (or, when writers have committed twice since and it was reused, the
+    newer one), so that pages a writer frees meanwhile stay as they were (the snapshot's
+    reader slot keeps LMDB from reusing any page freed after it).  None takes the newer
+    valid meta page.
     Never raises for damage; raises :class:`OSError` when the file cannot be read.
     """
     report = PageReport()
@@ -84,9 +86,13 @@ def check_pages(data_path: str, txnid: int | None = None, *, page_size: int | No
         psize = page_size or os.sysconf("SC_PAGE_SIZE")
         metas = [_meta(os.pread(fd, psize, n * psize)) for n in (0, 1)]
         valid = [m for m in metas if m is not None]
-        chosen = [m for m in valid if txnid is None or m[0] == txnid]
+        # The snapshot's own meta page; once two later commits have reused it, a newer one: the
+        # caller's open snapshot keeps every page freed after it from being written again.
+        chosen = [m for m in valid if txnid is None or m[0] == txnid] or [
+            m for m in valid if txnid is not None and m[0] > txnid
+        ]
         if not chosen:
-            report.damaged.append(DamagedPage(0, "meta", "no meta page names the snapshot being checked"))
+            report.damaged.append(DamagedPage(0, "meta", "no valid meta page names the snapshot being checked"))
             return report
         _, last_pg, free_db, main_db = max(chosen)
         walker = _Walker(fd, psize, min(last_pg, size // psize - 1), report)

@@ -107,6 +107,11 @@ def test_awaited_calls_give_what_the_sync_log_gives(tmp_path: Path) -> None:
         out.append(await call(log.messages("a")))
         out.append(await call(log.messages("b")))
         out.append(await call(log.head("a")))
+        info = await call(log.session("a"))
+        out.append((info.length, info.head, info.metadata, info.counters))
+        out.append(await call(log.session("nobody")))
+        out.append(await call(log.messages("a", last=2)))
+        out.append(await call(log.messages("nobody")))
         out.append(await call(log.sessions()))
         out.append([(o.position, o.digest, o.tombstone and o.tombstone.reason) for o in await call(log.history("a"))])
         out.append((await call(log.verify())).ok)
@@ -125,7 +130,7 @@ def test_awaited_calls_give_what_the_sync_log_gives(tmp_path: Path) -> None:
     with EventLog.open(tmp_path / "sync") as sync:
         expected = run(scenario(sync, plain))
     assert run(via_async()) == expected
-    assert expected[-1] is True and expected[-3] == ["a", "b"]
+    assert expected[-1] is True and expected[-3] == ["a", "b"] and expected[-4] == []
 
 
 def test_errors_reach_the_awaiting_task_unchanged(tmp_path: Path) -> None:

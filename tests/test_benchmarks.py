@@ -18,11 +18,14 @@ if str(ROOT) not in sys.path:  # pytest run from elsewhere than the repository r
     sys.path.insert(0, str(ROOT))
 
 from benchmarks import (  # noqa: E402
+    bench_adapters,
+    bench_aio,
     bench_audit,
     bench_bulk,
     bench_commit,
     bench_concurrency,
     bench_flush,
+    bench_integrations,
     bench_memory,
     bench_postgres,
     bench_projection,
@@ -135,7 +138,8 @@ def test_postgres_scenario(tmp_path: Path, postgres_dsn: str, monkeypatch: pytes
     result = bench_postgres.run(scratch_dir=tmp_path, messages=300, repeats=1)
     _check_rows(result["rows"])
     names = [row["system"] for row in result["rows"]]
-    assert names[0].startswith("rebuild") and names[1].startswith("bulk catch-up") and names[2] == bench_postgres.FLOOR
+    assert names[0].startswith("rebuild") and names[1].startswith("bulk catch-up")
+    assert names[2:] == [bench_postgres.FLOOR, bench_postgres.BARE]
     assert all(row["messages"] == 300 for row in result["rows"])
     assert result["rows"][2]["ratio"] == 1
     print(bench_postgres.render(result))
@@ -178,8 +182,47 @@ def test_projection_scenario(tmp_path: Path) -> None:
     print(bench_projection.render(result))
 
 
+def test_aio_scenario(tmp_path: Path) -> None:
+    result = bench_aio.run(scratch_dir=tmp_path, tasks=4, turns=2, samples=2)
+    cases = [row for row in result["rows"] if row["tasks"]]
+    assert [row["system"] for row in cases] == [
+        "1 task, durability full",
+        "4 tasks, durability full",
+        "1 task, durability process",
+        "4 tasks, durability process",
+    ]
+    _check_rows(cases)
+    for row in cases:
+        assert len(row["rates"]) == 2 and row["writes"] == row["tasks"] * 2  # every flush of the median run
+        assert 1 <= row["commits"] <= row["writes"] and row["lag_max_ms"] >= 0
+        if row["tasks"] == 1:
+            assert row["x_serial"] == 1
+    idle = [row for row in result["rows"] if not row["tasks"]]
+    assert len(idle) == 1 and idle[0]["lag_max_ms"] >= idle[0]["lag_p99_ms"] >= 0
+    goals = {t["target"] for t in runner.targets({"aio": result}) if t["target"].startswith("AsyncEventLog")}
+    assert goals == {
+        "AsyncEventLog: 4 tasks >= 2.5x one task's durable turns/s",
+        "AsyncEventLog: the event loop's worst lag <= 5 ms",
+    }
+    print(bench_aio.render(result))
+
+
+def test_adapters_scenario(tmp_path: Path) -> None:
+    result = bench_adapters.run(scratch_dir=tmp_path, turns=3)
+    rows = result["rows"]
+    _check_rows(rows)
+    frameworks = {row["framework"] for row in rows}
+    assert frameworks == {"OpenAI Agents SDK", "hermes-agent"}
+    for framework in frameworks:
+        mine = [row for row in rows if row["framework"] == framework]
+        defaults = [row for row in mine if row["default"]]
+        assert len(defaults) == 1 and defaults[0]["x_faster"] == 1 and len(mine) == 3
+        assert all(row["ratio_to"] == defaults[0]["system"] for row in mine)
+    print(bench_adapters.render(result))
+
+
 def test_runner_writes_report_json_and_plots(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    flush, reflush, commit, bulk, concurrency, memory, projection = (
+    flush, reflush, commit, bulk, concurrency, memory, projection, aio, adapters, integrations = (
         bench_flush.run,
         bench_reflush.run,
         bench_commit.run,
@@ -187,6 +230,9 @@ def test_runner_writes_report_json_and_plots(tmp_path: Path, monkeypatch: pytest
         bench_concurrency.run,
         bench_memory.run,
         bench_projection.run,
+        bench_aio.run,
+        bench_adapters.run,
+        bench_integrations.run,
     )
     tiny = {
         "flush": lambda **kw: flush(messages=20, **kw),
@@ -196,6 +242,9 @@ def test_runner_writes_report_json_and_plots(tmp_path: Path, monkeypatch: pytest
         "concurrency": lambda **kw: concurrency(turns=1, threads=(1,), processes=(), **kw),
         "memory": lambda **kw: memory(messages=30, **kw),
         "projection": lambda **kw: projection(messages=40, **kw),
+        "aio": lambda **kw: aio(tasks=2, turns=1, samples=1, **kw),
+        "adapters": lambda **kw: adapters(turns=2, **kw),
+        "integrations": lambda **kw: integrations(turns=2, **kw),
     }
     for name, module in runner.SCENARIOS.items():
         monkeypatch.setattr(module, "run", tiny[name])

@@ -228,3 +228,34 @@ def test_a_log_used_after_fork_is_refused_in_the_child_and_leaves_the_parent_alo
     assert all("fork" in why for why in child.values()), child
     assert parent["same_readers"], (parent["before"], parent["after"])
     assert parent["count"] == 2  # the snapshot from before the fork: the open and the first append
+
+
+def test_verify_while_another_process_writes_reports_no_damage(tmp_path: Path) -> None:
+    """The page walk reads the data file while a writer commits: it must read the pages of its
+    own snapshot (or of a newer meta page, whose freed pages the snapshot keeps from reuse)."""
+    path = tmp_path / "log"
+    with EventLog.open(path) as log:
+        log.flush("w", [{"role": "user", "content": "start"}])
+    writer = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            "import sys\nfrom eventlog import EventLog\n"
+            "with EventLog.open(sys.argv[1], durability='none') as log:\n"
+            "    msgs = []\n"
+            "    while True:\n"
+            "        msgs.append({'role': 'user', 'content': str(len(msgs)) * 20})\n"
+            "        msgs = msgs if len(msgs) < 50 else msgs[:1]\n"
+            "        log.flush('w', msgs)\n",
+            str(path),
+        ],
+        env=child_env(),
+    )
+    try:
+        with EventLog.open(path) as log:
+            reports = [log.verify() for _ in range(10)]
+    finally:
+        writer.kill()
+        writer.wait()
+    assert [str(r) for r in reports if not r.ok] == []
+    assert reports[-1].events > 1
