@@ -11,7 +11,6 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import stat
 import sys
 import time
 from collections.abc import Callable, Iterator, Mapping
@@ -27,6 +26,7 @@ from rich.table import Table
 
 from . import render
 from .errors import CorruptLogError, EventLogError, HistoryMismatchError, UnknownSessionError
+from .files import write_atomic
 from .interchange import FORMATS, export_lines, read_jsonl
 from .log import EventLog
 from .store import Record
@@ -1041,29 +1041,9 @@ def export(session: str, fmt: str, output: str, as_of: int | None, repair: bool)
             with open(target, "w", encoding="utf-8") as handle:  # a pipe or a device: written as it comes
                 handle.writelines(lines)
         else:
-            _write_whole(target, lines)
+            write_atomic(target, (line.encode("utf-8") for line in lines))
     except OSError as e:
         _fail(f"{output}: {e.strerror or e}; the file is left as it was")
-
-
-def _write_whole(path: str, lines: Iterator[str]) -> None:
-    """Write ``lines`` to the file ``path`` whole or not at all: into a new file beside it,
-    synced and renamed over it (with the old file's permissions), so a failure (a full disk)
-    leaves the previous file and no partial one."""
-    folder, name = os.path.split(path)
-    temporary = os.path.join(folder, f".{name}.{os.getpid()}.tmp")
-    try:
-        with open(temporary, "x", encoding="utf-8") as handle:
-            handle.writelines(lines)
-            handle.flush()
-            if os.path.exists(path):
-                os.chmod(handle.fileno(), stat.S_IMODE(os.stat(path).st_mode))
-            os.fsync(handle.fileno())
-        os.replace(temporary, path)
-    except BaseException:
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(temporary)
-        raise
 
 
 # -- framework plugins ----------------------------------------------------------

@@ -15,22 +15,24 @@ from .errors import UnsafeDirectoryError
 def write_atomic(path: str | os.PathLike[str], chunks: Iterable[bytes], *, mode: int | None = None) -> None:
     """Replace the file ``path`` with ``chunks``, durably and whole or not at all.
 
-    The bytes go to a new file beside it (a name no other thread or process uses), which
-    is synced, renamed over ``path``, and then the directory is synced so that the rename
+    The bytes go to a new file beside it, created exclusively under an unguessable name
+    (no other thread or process uses it, and a planted link is refused), which is synced, renamed over ``path``, and then the directory is synced so that the rename
     itself survives a power loss.  A failure (a full disk, an exception from ``chunks``)
     leaves the previous file as it was and removes the partial one.  An existing file's
     permissions are kept; a new file gets ``mode``, or what ``open()`` would give it.
     """
     path = os.fspath(path)
     folder, name = os.path.split(path)
-    temporary = os.path.join(folder, f".{name}.{os.getpid()}.{secrets.token_hex(4)}.tmp")
+    temporary = os.path.join(folder, f".{name}.{os.getpid()}.{secrets.token_hex(16)}.tmp")
     try:
         fd = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_CLOEXEC", 0), 0o666)
         with open(fd, "wb") as handle:
             handle.writelines(chunks)
             handle.flush()
             with contextlib.suppress(FileNotFoundError):
-                mode = stat.S_IMODE(os.stat(path).st_mode)
+                existing = os.lstat(path)  # a link in its place is replaced, never followed
+                if stat.S_ISREG(existing.st_mode):
+                    mode = stat.S_IMODE(existing.st_mode)
             if mode is not None:
                 os.chmod(handle.fileno(), mode)
             os.fsync(handle.fileno())

@@ -204,30 +204,37 @@ class EventLog:
     ) -> EventLog:
         """Open (creating when needed) the log in directory ``path``.
 
-        ``durability``: ``"full"`` (default: fsync data and meta page on every commit,
-        survives power loss), ``"process"`` (one fsync per commit, no meta-page sync:
-        survives a process crash; an OS crash or power loss leaves the log intact but
-        may undo the last commit), ``"none"`` (no fsync: survives a process crash, not
-        an OS crash; for bulk imports).  ``ephemeral`` replaces the scaffolding rule.
-        ``trust_identity`` promises that flushed message dicts are never mutated in
-        place: a message that is the same object as last time, or a dict equal to it by
-        ``==``, is taken as unchanged without looking inside (docs/integration.md).  The map starts at
-        ``map_size`` bytes and grows by itself up to ``max_map_size``.  ``cache_messages``
-        bounds the snapshot cache, in messages over all sessions (the least recently flushed
-        session goes first); on the benchmark's messages each costs about 0.4 KB, 0.8 KB in
-        the default mode once a second flush has copied it.  A session longer than
-        ``cache_messages`` keeps copies of its last ``cache_messages`` messages only; a
-        flush then hashes its earlier messages again (once each), not the whole list.  Each
-        projection is caught up now, and after every write: on a background thread
-        (``project_in_background``, the default), so a write returns once the log has
-        committed it, or inside the write call.  Projections that read through their
-        own API wait for the background thread first; see :meth:`sync_projections`.
+        Several threads and processes may open the same directory; the returned log is a
+        context manager that closes it.
 
-        A directory that users other than this one can write (or that another user owns)
-        is refused with :class:`~eventlog.errors.UnsafeDirectoryError`, as is a symlink
-        or another user's file in place of the log's files: whoever can write the
-        directory could otherwise make this process write through a planted link.
-        ``allow_shared_directory=True`` trusts the directory (docs/reliability.md).
+        Parameters:
+
+        - ``durability``: ``"full"`` (default), ``"process"`` or ``"none"``; what each
+          survives is in the table in docs/design.md ("Durability modes").
+        - ``ephemeral``: replaces the scaffolding rule (:func:`is_ephemeral`).
+        - ``trust_identity``: a promise that flushed message dicts are never mutated in
+          place, so a message that is the same object as last time (or a dict equal to it)
+          is taken as unchanged without looking inside (docs/integration.md).
+        - ``map_size``, ``max_map_size``: the map starts at ``map_size`` bytes and grows by
+          itself up to ``max_map_size`` (no limit by default).
+        - ``cache_messages``: bounds the snapshot cache, in messages over all sessions; the
+          least recently flushed session goes first.  Each costs about 0.4 KB on the
+          benchmark's messages (0.8 KB in the default mode once a second flush copied it).
+          A longer session keeps its last ``cache_messages`` messages only, and a flush
+          hashes the earlier ones again.
+        - ``projections``: caught up now and after every write, on a background thread
+          (``project_in_background``, the default: a write returns once the log committed
+          it) or inside the write call.  Their own read methods wait for the thread; other
+          readers call :meth:`sync_projections`.
+        - ``readonly``: open without write access; every write raises.
+        - ``allow_shared_directory``: trust a directory that users other than this one can
+          write (or that another user owns); otherwise it is refused with
+          :class:`~eventlog.errors.UnsafeDirectoryError`, as is a symlink or another user's
+          file in place of the log's files, since whoever can write the directory could make
+          this process write through a planted link (docs/reliability.md).
+
+        Raises :class:`CorruptLogError` for damaged files, :class:`ReadOnlyError` when the
+        files cannot be written, ``FileNotFoundError`` for a ``readonly`` open of no log.
         """
         store = Store(
             path,

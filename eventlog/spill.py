@@ -42,7 +42,6 @@ from __future__ import annotations
 import json
 import os
 import re
-import tempfile
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from hashlib import sha256
@@ -60,7 +59,7 @@ from .errors import (
     StorageFullError,
     UnknownSessionError,
 )
-from .files import check_private_directory
+from .files import check_private_directory, write_atomic
 from .log import SUMMARY_KEY, EventLog, FlushResult, check_session_id
 from .snapshot import is_ephemeral
 
@@ -196,7 +195,7 @@ def write_spill(
     *,
     allow_shared_directory: bool = False,
 ) -> Path:
-    """Atomically replace ``session_id``'s spill file with ``lines`` (written, fsynced, renamed).
+    """Atomically replace ``session_id``'s spill file with ``lines`` (see :func:`~eventlog.files.write_atomic`).
 
     The temporary file has an unguessable name and is created exclusively, and the rename
     replaces a link rather than following it.  A directory other users can write is
@@ -208,23 +207,11 @@ def write_spill(
     directory.mkdir(mode=0o700, parents=True, exist_ok=True)
     check_private_directory(directory, what="spill", allow_shared=allow_shared_directory)
     target = directory / spill_name(session_id)
-    fd, tmp = tempfile.mkstemp(prefix=".spill-", suffix=".tmp", dir=directory)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            for line in lines:
-                f.write(json.dumps(line, ensure_ascii=False, allow_nan=False, separators=(",", ":")))
-                f.write("\n")
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, target)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-    dir_fd = os.open(directory, os.O_RDONLY)
-    try:
-        os.fsync(dir_fd)
-    finally:
-        os.close(dir_fd)
+    chunks = (
+        (json.dumps(line, ensure_ascii=False, allow_nan=False, separators=(",", ":")) + "\n").encode("utf-8")
+        for line in lines
+    )
+    write_atomic(target, chunks, mode=0o600)  # a transcript: readable by its owner only
     return target
 
 
