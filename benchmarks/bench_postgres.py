@@ -11,7 +11,9 @@ What it measures:
 - the floor: PostgreSQL's own ``COPY ... FROM STDIN`` of the very rows a rebuild wrote,
   prebuilt (taken out with ``COPY ... TO STDOUT``), into the same table in a fresh schema
   (the same generated ``tsvector``, GIN and b-tree indexes), in one transaction: the cost
-  of the rows in the database with no Python, no log reading and no derivation.
+  of the rows in the database with no Python, no log reading and no derivation;
+- beside it, the same COPY into a bare copy of the table (no search column, no index): what
+  the rows alone cost the server, so what search and the indexes add.
 
 Target: rebuild >= 50k rows/s with search; the ratio to the floor says how much of the
 time is the projection's own.  The server is the one ``EVENTLOG_BENCH_POSTGRES`` (or
@@ -42,6 +44,7 @@ from eventlog import EventLog
 
 PER_SESSION = 1_000
 FLOOR = "floor: PostgreSQL's COPY of the same rows, prebuilt (rows + tsvector + GIN)"
+BARE = "PostgreSQL's COPY of the same rows into a bare table (no search column, no index)"
 CLUSTER = Path(__file__).resolve().parent.parent / "scripts" / "pg_cluster.sh"
 
 
@@ -102,6 +105,7 @@ def run(
                     row.update(summary(samples, count))
                     rows.append(row)
                 rows.append(_floor(dsn, schemas[0], fresh, repeats, count, psycopg))
+                rows.append(_floor(dsn, schemas[0], fresh, repeats, count, psycopg, bare=True))
             finally:
                 with psycopg.connect(dsn, autocommit=True) as conn:
                     for name in schemas:
@@ -112,7 +116,12 @@ def run(
     return {"scenario": "PostgreSQL projection", "messages": count, "rows": rows, "skipped": {}}
 
 
-def _floor(dsn: str, rebuilt: str, fresh: Any, repeats: int, count: int, psycopg: Any) -> dict[str, Any]:
+def _floor(
+    dsn: str, rebuilt: str, fresh: Any, repeats: int, count: int, psycopg: Any, bare: bool = False
+) -> dict[str, Any]:
+    """COPY of the rows a rebuild wrote into a fresh schema's ``messages``; ``bare``: into a
+    copy of the table without its generated search column and without any index, to show
+    what search and the indexes cost."""
     from projections.core import ROW_COLUMNS
     from projections.postgres import PostgresProjection
 
@@ -128,6 +137,11 @@ def _floor(dsn: str, rebuilt: str, fresh: Any, repeats: int, count: int, psycopg
     for _ in range(repeats):
         schema = fresh()
         PostgresProjection(dsn, schema=schema).close()  # the same tables and indexes
+        if bare:
+            with psycopg.connect(dsn, autocommit=True) as conn:
+                conn.execute(f'DROP TABLE "{schema}".messages')
+                conn.execute(f'CREATE TABLE "{schema}".messages (LIKE "{rebuilt}".messages INCLUDING DEFAULTS)')
+                conn.execute(f'ALTER TABLE "{schema}".messages DROP COLUMN search')
         with psycopg.connect(dsn) as conn, quiet_gc():
             start = now_ns()
             with conn.cursor().copy(f'COPY "{schema}".messages ({columns}) FROM STDIN') as into:
@@ -138,7 +152,7 @@ def _floor(dsn: str, rebuilt: str, fresh: Any, repeats: int, count: int, psycopg
             samples.append(now_ns() - start)
             copied = conn.execute(f'SELECT count(*) FROM "{schema}".messages').fetchone()[0]
         assert copied == count, (copied, count)
-    row = {"system": FLOOR, "messages": count}
+    row = {"system": BARE if bare else FLOOR, "messages": count}
     row.update(summary(samples, count))
     return row
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 from pathlib import Path
 
 import pytest
@@ -26,6 +27,7 @@ def test_langgraph_benchmark_measures_both_savers(tmp_path: Path) -> None:
     }
     assert [target["status"] in ("met", "missed") for target in result["targets"]] == [True]  # no 1,000 size here
     assert result["postgres"].startswith(("measured", "not measured"))
-    plots = bench_langgraph.plot(result, tmp_path / "plots")
-    assert all(path.stat().st_size > 0 for path in plots)
+    if importlib.util.find_spec("matplotlib") is not None:  # the bench extra draws the plots
+        plots = bench_langgraph.plot(result, tmp_path / "plots")
+        assert all(path.stat().st_size > 0 for path in plots)
     assert "x raw" in bench_langgraph.render(result)

@@ -455,6 +455,26 @@ def test_a_compaction_event_appended_by_hand_tombstones_the_range(tmp_path: Path
     asyncio.run(main())
 
 
+def test_any_app_user_and_session_ids_round_trip_through_the_log(tmp_path: Path) -> None:
+    async def main() -> None:
+        with EventLog.open(tmp_path / "log") as log:
+            service = EventLogSessionService(log)
+            ids = [("a/b", "u/1", "s#1"), ("a/b", "u%2F1", "s/2"), ("a", "u", "s:3"), ("a/b", "u/1", " padded ")]
+            for app, user, session_id in ids:
+                await service.create_session(app_name=app, user_id=user, session_id=session_id, state={"k": session_id})
+            listed = (await service.list_sessions(app_name="a/b")).sessions
+            assert sorted((s.user_id, s.id, s.state["k"]) for s in listed) == sorted(
+                (user, session_id, session_id) for app, user, session_id in ids if app == "a/b"
+            )
+            only = (await service.list_sessions(app_name="a/b", user_id="u/1")).sessions
+            assert sorted(s.id for s in only) == [" padded ", "s#1"]
+            got = await service.get_session(app_name="a/b", user_id="u%2F1", session_id="s/2")
+            assert got is not None and got.state == {"k": "s/2"}
+            assert await service.get_session(app_name="a", user_id="b/u", session_id="s") is None
+
+    asyncio.run(main())
+
+
 def test_bad_arguments_are_refused_with_what_was_wrong(tmp_path: Path) -> None:
     with EventLog.open(tmp_path / "log") as log:
         with pytest.raises(TypeError, match="EventLog or an AsyncEventLog"):
@@ -464,3 +484,31 @@ def test_bad_arguments_are_refused_with_what_was_wrong(tmp_path: Path) -> None:
         service = EventLogSessionService(log)
         with pytest.raises(TypeError, match="app_name must be a str"):
             asyncio.run(service.get_session(app_name=None, user_id="u", session_id="s"))  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(
+    ("module", "framework", "line"),
+    [
+        (
+            "eventlog.integrations.adk",
+            "google.adk.sessions",
+            "eventlog.integrations.adk needs google-adk: pip install 'agent-eventlog[adk]'",
+        ),
+        (
+            "eventlog.integrations.pydantic_ai",
+            "pydantic_ai.conversation_store",
+            "eventlog.integrations.pydantic_ai needs pydantic-ai: pip install 'agent-eventlog[pydantic-ai]'",
+        ),
+    ],
+)
+def test_without_its_framework_the_module_says_which_extra_to_install(module: str, framework: str, line: str) -> None:
+    code = (
+        "import sys\n"
+        f"sys.modules[{framework!r}] = None  # as if the framework were not installed\n"
+        "try:\n"
+        f"    import {module}\n"
+        "except ImportError as e:\n"
+        "    print(type(e).__name__, e)\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == f"MissingFrameworkError {line}"

@@ -390,3 +390,50 @@ def test_bad_arguments_are_refused_with_what_was_wrong(tmp_path: Path) -> None:
         store = EventLogConversationStore(log)
         with pytest.raises(TypeError, match="conversation_id must be a str"):
             asyncio.run(store.read_record(3))  # type: ignore[arg-type]
+
+
+FORK_THEN_DIE = r"""
+import asyncio, os, signal, sys
+from eventlog import EventLog
+from eventlog.integrations.pydantic_ai import EventLogConversationStore
+
+class Dying(EventLogConversationStore):
+    def _fork_into(self, transcript, history):
+        super()._fork_into(transcript, history)
+        os.kill(os.getpid(), signal.SIGKILL)  # the fork is stored, its record is not
+
+async def main():
+    with EventLog.open(sys.argv[1]) as log:
+        await Dying(log).fork("c", new_conversation_id="f")
+
+asyncio.run(main())
+"""
+
+
+def test_a_crash_between_a_fork_and_its_record_leaves_no_conversation(tmp_path: Path) -> None:
+    path = tmp_path / "log"
+
+    async def seed() -> None:
+        with EventLog.open(path) as log:
+            await turn(EventLogConversationStore(log), make_agent(), "c", "hello")
+
+    asyncio.run(seed())
+    died = subprocess.run([sys.executable, "-c", FORK_THEN_DIE, str(path)], check=False)
+    assert died.returncode == -9
+
+    async def after() -> None:
+        with EventLog.open(path) as log:
+            store = EventLogConversationStore(log)
+            assert log.messages(store.transcript_session("f"))  # the half-made fork's transcript
+            assert await store.read_record("f") is None
+            assert await store.load("f") is None
+            assert "f" not in [r.conversation_id for r in await store.list_conversations()]
+            forked = await store.fork("c", new_conversation_id="f")  # the id is free to use
+            source = await store.load("c")
+            assert source is not None and forked.messages == source.messages
+            loaded = await store.load("f")
+            assert loaded is not None and loaded.messages == source.messages
+            tombstones = [o for o in log.history(store.transcript_session("f")) if o.tombstone is not None]
+            assert tombstones == []
+
+    asyncio.run(after())
