@@ -24,12 +24,14 @@ from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from . import render
-from .errors import CorruptLogError, EventLogError, HistoryMismatchError, UnknownSessionError
+from . import codec, render
+from .errors import ConflictError, CorruptLogError, EventLogError, UnknownSessionError
 from .files import write_atomic
 from .interchange import FORMATS, export_lines, read_jsonl
-from .log import EventLog
+from .log import EMPTY_HEAD, EventLog
+from .snapshot import is_ephemeral
 from .store import Record
+from .terminal import visible
 from .verify import LogHead
 
 DEFAULT_LOG = "eventlog-data"
@@ -44,6 +46,8 @@ HELP_WIDTH = 100
 @dataclass(slots=True)
 class Settings:
     log_path: str
+    written: str = "nothing was written (this command only reads)"
+    """What an interrupt (Ctrl-C) leaves behind; a command that writes keeps it current."""
 
 
 def _settings() -> Settings:
@@ -60,6 +64,11 @@ class _Group(click.Group):
     def invoke(self, ctx: click.Context) -> Any:
         try:
             return super().invoke(ctx)
+        except KeyboardInterrupt:
+            settings = ctx.find_object(Settings)
+            written = settings.written if settings is not None else "nothing was written"
+            click.echo(f"\nAborted: {written}.", err=True)
+            sys.exit(130)
         except (click.ClickException, click.exceptions.Exit, click.Abort, BrokenPipeError):
             raise
         except UnknownSessionError as e:
@@ -146,6 +155,7 @@ def _default_db(log_path: str) -> str:
 
 @click.group(
     cls=_Group,
+    invoke_without_command=True,
     context_settings={
         "help_option_names": ["-h", "--help"],
         "max_content_width": HELP_WIDTH,
@@ -170,6 +180,9 @@ def cli(ctx: click.Context, log_path: str) -> None:
     Commands that only read never create a log. Start with `eventlog demo`.
     """
     ctx.obj = Settings(log_path)
+    if ctx.invoked_subcommand is None:  # bare `eventlog`: the help, and success
+        click.echo(ctx.get_help())
+        ctx.exit(0)
 
 
 # -- demo ---------------------------------------------------------------------
@@ -255,13 +268,13 @@ def sessions(as_json: bool, source: str | None, log_id: str | None) -> None:
         if row.closed:
             notes.append("closed")
         table.add_row(
-            escape(row.session),
+            escape(visible(row.session)),
             str(row.live),
             str(sum(row.tombstoned.values())),
             str(row.events),
             render.iso(row.last_ns) or "",
-            escape(str(row.fields.get("title", ""))),
-            escape(", ".join(notes)),
+            escape(visible(str(row.fields.get("title", "")))),
+            escape(visible(", ".join(notes))),
         )
     _stdout().print(table)
 
@@ -290,7 +303,8 @@ def show(
     A marker line shows where messages left the transcript (edit, rewind, compaction,
     clear); `history` lists them.
     """
-    width = None if full else 160
+    columns = None if full else render.columns()
+    width = None if full else min(160, columns or 160)
     if source is not None:
         if as_of is not None or repair:
             _fail("--as-of and --repair read the log itself; they do not go with --from")
@@ -304,7 +318,7 @@ def show(
                 _print_json(messages)
                 return
             for position, message in enumerate(messages):
-                click.echo(f"[{position}] {render.render_message(message, width=width)}")
+                click.echo(render.fit(f"[{position}] {render.render_message(message, width=width)}", columns))
             return
         history = log.history(session)
     markers = render.markers(history)
@@ -316,7 +330,7 @@ def show(
     for rest in markers.values():
         lines.extend(rest)
     for line in lines:
-        click.echo(line)
+        click.echo(render.fit(line, columns))
 
 
 @cli.command()
@@ -350,13 +364,14 @@ def history(session: str, as_json: bool) -> None:
             ]
         )
         return
+    columns = render.columns()
+    click.echo(f"{'seq':>6} {'pos':>5} {'origin':<6} {'status':<16} {'node':<12} message")
     for o in occurrences:
         status = "live" if o.tombstone is None else f"✗ {o.tombstone.reason}@{o.tombstone.seq}"
-        click.echo(
-            f"{o.seq:>6} {o.position:>5} {o.origin:<6} {status:<16} {o.node[:12]} {render.render_message(o.message, width=100)}"
-        )
+        line = f"{o.seq:>6} {o.position:>5} {o.origin:<6} {status:<16} {o.node[:12]} {render.render_message(o.message, width=100)}"
+        click.echo(render.fit(line, columns))
     live = sum(1 for o in occurrences if o.tombstone is None)
-    click.echo(f"{len(occurrences)} occurrences, {live} live, {len(occurrences) - live} tombstoned")
+    click.echo(f"{render.count(len(occurrences), 'occurrence')}, {live} live, {len(occurrences) - live} tombstoned")
 
 
 # -- projection ---------------------------------------------------------------
@@ -409,14 +424,14 @@ def _sessions_from(source: str, log_id: str | None, as_json: bool) -> None:
         table.add_column(column)
     for r in rows:
         table.add_row(
-            escape(r["log_id"][:12]),
-            escape(r["id"]),
+            escape(visible(r["log_id"][:12])),
+            escape(visible(r["id"])),
             str(r["message_count"]),
             render.iso(r["created_ns"]) or "",
-            escape(r["title"] or ""),
+            escape(visible(r["title"] or "")),
         )
     Console(soft_wrap=True).print(table)
-    click.echo(f"{len(rows)} session(s) in {len({r['log_id'] for r in rows})} log(s)")
+    click.echo(f"{render.count(len(rows), 'session')} in {render.count(len({r['log_id'] for r in rows}), 'log')}")
 
 
 def _show_from(source: str, session: str, log_id: str | None, width: int | None, as_json: bool) -> None:
@@ -561,7 +576,7 @@ def rebuild(db: str | None, exclusive: bool, force: bool, to: str | None, as_jso
 
 
 @cli.command()
-@click.argument("query")
+@click.argument("words", nargs=-1, required=True, metavar="WORDS...")
 @click.option("--session", "session", metavar="SESSION", help="Search only this session.")
 @click.option("--limit", default=20, show_default=True, type=click.IntRange(min=1), help="Most results to print.")
 @click.option(
@@ -574,7 +589,7 @@ def rebuild(db: str | None, exclusive: bool, force: bool, to: str | None, as_jso
 @click.option("--log-id", metavar="LOG", help="With --from: search only this log.")
 @click.option("--json", "as_json", is_flag=True, help="Print the results as JSON.")
 def search(
-    query: str,
+    words: tuple[str, ...],
     session: str | None,
     limit: int,
     db: str | None,
@@ -583,12 +598,15 @@ def search(
     source: str | None = None,
     log_id: str | None = None,
 ) -> None:
-    """Full-text search of the live messages: those containing every word of QUERY.
+    """Full-text search of the live messages: those containing every one of WORDS.
 
     Searches message text and tool names and arguments in the SQLite projection,
-    which is caught up with the log first, so results are current. With --from, searches
-    a PostgreSQL projection as it is (QUERY in web-search syntax: words, "phrases", or, -word).
+    which is caught up with the log first, so results are current. Quoting is not
+    needed (`eventlog search fox lazy`); with --fts the words are one FTS5 query. With
+    --from, searches a PostgreSQL projection as it is (WORDS in web-search syntax: words,
+    "phrases", or, -word).
     """
+    query = " ".join(words)
     if source is not None:
         _search_from(source, query, session, log_id, limit, as_json)
         return
@@ -612,9 +630,11 @@ def search(
     if not results:
         click.echo("no live message matches")
         return
+    columns = render.columns()
     for r in results:
-        click.echo(f"{r['session_id']} [{r['position']}] {r['role']}: {render.clip(r['snippet'] or '', 160)}")
-    click.echo(f"{len(results)} result(s)")
+        line = f"{visible(r['session_id'])} [{r['position']}] {visible(str(r['role']))}: {render.clip(r['snippet'] or '', 160)}"
+        click.echo(render.fit(line, columns))
+    click.echo(render.count(len(results), "result"))
 
 
 def _search_from(source: str, query: str, session: str | None, log_id: str | None, limit: int, as_json: bool) -> None:
@@ -634,16 +654,17 @@ def _search_from(source: str, query: str, session: str | None, log_id: str | Non
         return
     for r in results:
         click.echo(
-            f"{r['log_id'][:12]} {r['session_id']} [{r['position']}] {r['role']}: {render.clip(r['snippet'] or '', 160)}"
+            f"{visible(r['log_id'][:12])} {visible(r['session_id'])} [{r['position']}] {visible(str(r['role']))}: "
+            f"{render.clip(r['snippet'] or '', 160)}"
         )
-    click.echo(f"{len(results)} result(s)")
+    click.echo(render.count(len(results), "result"))
 
 
 def plain_query(text: str) -> str:
     """Words as an FTS5 query that matches rows containing all of them (each word quoted)."""
     words = text.split()
     if not words:
-        raise click.BadParameter("give at least one word to search for", param_hint="QUERY")
+        raise click.BadParameter("give at least one word to search for", param_hint="WORDS")
     return " ".join('"' + word.replace('"', '""') + '"' for word in words)
 
 
@@ -846,6 +867,7 @@ def tail(session: str | None, count: int, once: bool, timeout: float | None, int
     --timeout; --once prints and exits.
     """
     deadline = None if timeout is None else time.monotonic() + timeout
+    columns = render.columns()
     with _open_log() as log:
         if session is not None:
             _require_session(log, session)
@@ -856,7 +878,7 @@ def tail(session: str | None, count: int, once: bool, timeout: float | None, int
             click.echo(
                 json.dumps(render.event_json(record), ensure_ascii=False, default=_jsonable)
                 if as_json
-                else render.describe(record)
+                else render.fit(render.describe(record), columns)
             )
 
         last = log.last_seq
@@ -930,31 +952,62 @@ def import_(file: str, session: str | None, split: bool, replace: bool, durabili
     a longer version of the file appends only what is new. A bad line, or a session
     the file does not continue, fails the whole import; nothing of the file is written.
     """
+    default_name = session is None
     if session is None:
         if file == "-":
             _fail("reading stdin: give --session SESSION")
         session = Path(file).stem
     name = "<stdin>" if file == "-" else file
-    with click.open_file(file, "r", encoding="utf-8") as handle:
-        try:
-            text = handle.read()
-        except UnicodeDecodeError as e:
-            _fail(f"{name}: not UTF-8 text ({e.reason} at byte {e.start})")
-    conversations = read_jsonl(text, name=name, split=split)
+    source = None if file == "-" else os.path.realpath(file)
+    settings = _settings()
+    settings.written = "nothing was imported"
+    with _status(f"reading {name}"):
+        # utf-8-sig: a byte order mark at the start (as some editors write) is not part of the text
+        with click.open_file(file, "r", encoding="utf-8-sig") as handle:
+            try:
+                text = handle.read()
+            except UnicodeDecodeError as e:
+                _fail(f"{name}: not UTF-8 text ({e.reason} at byte {e.start})")
+        conversations = read_jsonl(text, name=name, split=split)
     if split:  # numbered even when there is one, so that a file that grows keeps its names
         targets = {f"{session}-{i}": c for i, c in enumerate(conversations, start=1)}
     else:
         targets = {session: conversations[0]}
+    total = sum(len(c.messages) for c in targets.values())
     with _open_log(write=True, durability=durability) as log:
+        heads: dict[str, str] = {}
+        for target, conversation in targets.items():
+            info = log.session(target)
+            heads[target] = info.head if info is not None and info.head is not None else EMPTY_HEAD
+            if info is None or replace:
+                continue
+            earlier = info.metadata.get("imported_from")
+            if default_name and source is not None and isinstance(earlier, str) and earlier != source:
+                _fail(
+                    f"session {target!r} was imported from {earlier}, not {name}; nothing was imported; "
+                    "give --session SESSION to import this file into a session of its own"
+                )
+            problem = _does_not_extend(log.messages(target), conversation, name)
+            if problem is not None:
+                _fail(
+                    f"session {target!r}: {problem}; nothing was imported; pass --replace to replace the "
+                    "transcript, or choose another --session"
+                )
         try:  # one transaction: every session of the file is written, or none
-            written = log.flush_many({target: c.messages for target, c in targets.items()}, replace=replace)
-        except HistoryMismatchError as e:
-            target = e.session or session
-            stored = len(log.messages(target))
-            _fail(
-                f"session {target!r} already holds {stored} messages and {name} does not continue them; "
-                "nothing was imported; pass --replace to replace the transcript, or choose another --session"
-            )
+            with _status(f"writing {render.count(total, 'message')} to {render.count(len(targets), 'session')}"):
+                written = log.flush_many(
+                    {target: c.messages for target, c in targets.items()},
+                    expected_heads=None if replace else heads,
+                    replace=replace,
+                )
+        except ConflictError as e:
+            _fail(f"{_one_line(e)}: another process wrote to it while this import ran; nothing was imported")
+        settings.written = "the import was written whole"
+        if default_name and source is not None:  # what a later import under the same name is checked against
+            for target in targets:
+                info = log.session(target)
+                if info is not None and info.metadata.get("imported_from") != source:
+                    log.update_session(target, imported_from=source)
     results = [
         {
             "session": target,
@@ -968,9 +1021,42 @@ def import_(file: str, session: str | None, split: bool, replace: bool, durabili
     if as_json:
         _print_json(results)
         return
-    for r in results:
-        extra = f", {r['tombstoned']} tombstoned" if r["tombstoned"] else ""
-        click.echo(f"{r['session']}: {r['messages']} messages read, {r['appended']} written{extra}")
+    for target, c in targets.items():
+        done = written[target]
+        extra = f", {done.tombstoned} tombstoned" if done.tombstoned else ""
+        click.echo(
+            f"{visible(target)}: {render.count(len(c.messages), 'message')} read, {done.appended} written{extra}"
+        )
+
+
+def _does_not_extend(stored: list[dict[str, Any]], conversation: Any, name: str) -> str | None:
+    """Why importing ``conversation`` would tombstone stored messages, or None when it extends them.
+
+    Scaffolding and ``_`` keys are left out as a flush leaves them out; the first message
+    that differs is named by its line in the file.
+    """
+    kept = [
+        (line, codec.canonical(message, index))
+        for index, (message, line) in enumerate(zip(conversation.messages, conversation.lines))
+        if not is_ephemeral(message)
+    ]
+    for position, (message, (line, body)) in enumerate(zip(stored, kept)):
+        if codec.encode(message) != body:
+            return f"{name}:{line} differs from stored message {position}, so the file does not extend the session"
+    if len(kept) < len(stored):
+        return (
+            f"it holds {len(stored)} messages and {name} only its first {len(kept)} "
+            "(an older copy?), so importing it would rewind the session"
+        )
+    return None
+
+
+def _status(text: str) -> contextlib.AbstractContextManager[Any]:
+    """A spinner with ``text`` on stderr while long work runs, when stderr is a terminal."""
+    console = _stderr()
+    if not console.is_terminal:
+        return contextlib.nullcontext()
+    return console.status(escape(text))
 
 
 @cli.command()

@@ -68,6 +68,8 @@ class DemoReport:
     db_path: str
     durability: str
     turns: int = 0
+    """Every turn played, those after the rewind included."""
+    turns_after_rewind: int = 0
     flushes: int = 0
     exit_paths: tuple[str, ...] = EXIT_PATHS
     distinct: int = 0
@@ -101,8 +103,9 @@ class DemoReport:
         out = [
             f"eventlog demo: a scripted agent session in {self.path} (durability {self.durability!r})",
             "",
-            f"1. {self.turns} agent turns with tool calls. The loop flushed its whole message list from"
-            f" {len(self.exit_paths)} exit paths",
+            f"1. {self.turns} agent turns with tool calls ({self.turns - self.turns_after_rewind} played first, and"
+            f" {self.turns_after_rewind} more after the rewind of step 3).",
+            f"   The loop flushed its whole message list from {len(self.exit_paths)} exit paths",
             f"   ({', '.join(self.exit_paths)}): {self.flushes} flushes, {self.offered} messages offered.",
             f"   {self.distinct} distinct messages entered the list; {self.appended} were written, each exactly once.",
             f"   {self.noop_flushes} flushes found nothing new and wrote nothing (no write transaction, no fsync).",
@@ -125,7 +128,8 @@ class DemoReport:
         if self.projection.get("available"):
             out.append(
                 f"7. Projected {self.projection['events']} events to SQLite in {self.projection['seconds']:.2f}s;"
-                f" full-text search for {self.projection['query']!r} found {self.projection['hits']} message(s)."
+                f" full-text search for {self.projection['query']!r} found {self.projection['hits']}"
+                f" {'message' if self.projection['hits'] == 1 else 'messages'} in the log."
             )
         else:
             out.append(f"7. SQLite projection skipped: {self.projection.get('reason', 'not available')}.")
@@ -145,7 +149,8 @@ class DemoReport:
         ]
         if self.projection.get("available"):
             out += [
-                f"  eventlog --log {self.log_path} search {self.projection['query']!r}",
+                f"  eventlog --log {self.log_path} search {self.projection['query']!r}"
+                + (f" --limit {self.projection['hits']}" if self.projection["hits"] > 20 else ""),
                 f"  sqlite3 {self.db_path} \"select position, role, substr(content, 1, 60) from live_messages where session_id = '{MAIN}'\"",
             ]
         out += [
@@ -308,6 +313,7 @@ def run_demo(
         kept = len(agent.messages)
         for number in range(turns + 1, turns + 3):
             agent.turn(number)
+            report.turns_after_rewind += 1
         report.rewind = {"tombstoned": rewound.tombstoned, "appended_after": len(agent.messages) - kept}
 
         say("compacting the early conversation into a summary")
@@ -386,7 +392,7 @@ def _project(log: EventLog, db_path: Path) -> dict[str, Any]:
         projection.catch_up(log)
         seconds = time.perf_counter() - started
         query = "tombstone"
-        hits = projection.search(query, session_id=MAIN)
+        hits = projection.search(query, limit=1_000_000)  # every session, as `eventlog search` below
         return {"available": True, "events": log.last_seq, "seconds": seconds, "query": query, "hits": len(hits)}
     finally:
         projection.close()

@@ -204,9 +204,19 @@ def tool_calls(message: Mapping[str, Any]) -> list[Any]:
 
 
 def function_of(call: Any) -> Mapping[str, Any]:
-    """The ``function`` object of a tool call, or an empty mapping when there is none."""
-    function = call.get("function") if isinstance(call, Mapping) else None
-    return function if isinstance(function, Mapping) else {}
+    """The ``function`` object of a tool call (``name`` and ``arguments``), or an empty mapping.
+
+    OpenAI's calls nest it under ``function``; LangChain's (``{"name", "args", "id"}``) are
+    flat, their arguments under ``args``.
+    """
+    if not isinstance(call, Mapping):
+        return {}
+    function = call.get("function")
+    if isinstance(function, Mapping):
+        return function
+    if isinstance(call.get("name"), str) and "args" in call:
+        return {"name": call["name"], "arguments": call["args"]}
+    return {}
 
 
 def _dumps(value: Any) -> str:

@@ -226,7 +226,12 @@ class EventLog:
           (``project_in_background``, the default: a write returns once the log committed
           it) or inside the write call.  Their own read methods wait for the thread; other
           readers call :meth:`sync_projections`.
-        - ``readonly``: open without write access; every write raises.
+        - ``readonly``: open without write access; every write raises.  Works on a directory
+          this process cannot write (a read-only backup, or a service's log owned by another
+          user and writable by it only).  When LMDB's lock file cannot be used there, the log
+          is read without LMDB's reader table: a process writing the log meanwhile is not told
+          which pages this reader uses and may reuse them, so such a reader is consistent only
+          while nobody writes (a backup, a stopped service).
         - ``allow_shared_directory``: trust a directory that users other than this one can
           write (or that another user owns); otherwise it is refused with
           :class:`~eventlog.errors.UnsafeDirectoryError`, as is a symlink or another user's

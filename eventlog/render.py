@@ -8,16 +8,21 @@ text or plain data; nothing opens a log or writes.  ``eventlog sessions``, ``sta
 from __future__ import annotations
 
 import json
+import os
+import shutil
+import sys
 import time
 from collections import Counter
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, assert_never
 
+from . import codec
 from . import events as ev
 from .interchange import function_of, tool_calls
 from .keys import Record
 from .replay import Occurrence
+from .terminal import visible
 from .text import text_of
 
 
@@ -122,11 +127,35 @@ def iso(ns: int) -> str | None:
 
 
 def clip(text: str, width: int | None) -> str:
-    """``text`` on one line of at most ``width`` characters (None: whole, as written)."""
-    text = " ".join(text.split()) if width is not None else text
-    if width is not None and len(text) > width:
+    """``text`` safe for a terminal (:func:`~eventlog.terminal.visible`): on one line of at most
+    ``width`` characters, or (``None``) whole, its line breaks shown as indented continuation lines."""
+    if width is None:
+        return visible(text, newline="\n    ")
+    text = visible(" ".join(text.split()))
+    if len(text) > width:
         return text[: width - 1] + "…"
     return text
+
+
+def columns() -> int | None:
+    """The terminal's width when standard output is one (or ``COLUMNS`` says it), else None."""
+    if os.environ.get("COLUMNS", "").isdigit():
+        return max(20, int(os.environ["COLUMNS"]))
+    if sys.stdout.isatty():
+        return max(20, shutil.get_terminal_size().columns)
+    return None
+
+
+def fit(line: str, width: int | None) -> str:
+    """``line`` cut to ``width`` characters (a one-line rendering on a terminal; None: as it is)."""
+    if width is None or len(line) <= width:
+        return line
+    return line[: width - 1] + "…"
+
+
+def count(n: int, noun: str) -> str:
+    """``n`` and ``noun``, plural when ``n`` is not 1 ("1 session", "2 sessions")."""
+    return f"{n} {noun}" if n == 1 else f"{n} {noun}s"
 
 
 def render_message(message: Mapping[str, Any], *, width: int | None = 160) -> str:
@@ -142,6 +171,7 @@ def render_message(message: Mapping[str, Any], *, width: int | None = 160) -> st
         label = f"tool {name}" if name else "tool"
         call = message.get("tool_call_id")
         role = f"{label} ({call})" if call else label
+    role = visible(role)
     if text:
         parts.append(clip(text, width))
     for call in tool_calls(message):
@@ -150,7 +180,8 @@ def render_message(message: Mapping[str, Any], *, width: int | None = 160) -> st
         if not isinstance(arguments, str):
             arguments = json.dumps(arguments, ensure_ascii=False)
         call_id = call.get("id", "") if isinstance(call, Mapping) else ""
-        parts.append(f"→ {function.get('name', '?')}({clip(arguments, 80 if width else None)}) [{call_id}]")
+        name = visible(str(function.get("name", "?")))
+        parts.append(f"→ {name}({clip(arguments, 80 if width else None)}) [{visible(str(call_id))}]")
     body = "\n    ".join(parts) if width is None else "  ".join(parts)
     return f"{role}: {body}" if body else f"{role}:"
 
@@ -202,6 +233,9 @@ def describe(record: Record) -> str:
                 what += f" ({len(event.carried)} carried)"
             if event.summaries:
                 what += f" ({event.summaries} summary)"
+            newest = newest_message(event)
+            if newest is not None:
+                what += f": {newest}"
         case ev.MessagesTombstoned():
             what = f"tombstoned {event.count} from {event.position} ({event.reason})"
         case ev.SessionClosed():
@@ -214,7 +248,23 @@ def describe(record: Record) -> str:
         case _:
             assert_never(event)
     stamp = time.strftime("%H:%M:%S", time.localtime(record.time_ns / 1e9))
-    return f"{record.seq:>8} {stamp} {event.session} {what}"
+    return f"{record.seq:>8} {stamp} {visible(event.session)} {visible(what)}"
+
+
+def newest_message(event: ev.MessagesAppended) -> str | None:
+    """The role and first line of the last message an append event stored (None when carried)."""
+    try:
+        message = codec.decode(bytes(event.bodies[-1])) if event.bodies else None
+    except Exception:  # the event was checked when read; a body that does not decode shows nothing
+        return None
+    if not isinstance(message, dict):
+        return None
+    role = str(message.get("role") or message.get("type") or "?")
+    text = text_of(message.get("content")) or ""
+    if not text and tool_calls(message):
+        text = "→ " + ", ".join(str(function_of(call).get("name", "?")) for call in tool_calls(message))
+    first = text.strip().split("\n", 1)[0]
+    return f"{role}: {clip(first, 80)}" if first else f"{role}:"
 
 
 def event_json(record: Record) -> dict[str, Any]:

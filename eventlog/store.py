@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import errno
 import os
+import stat
 import struct
 import threading
 import time
@@ -94,16 +95,28 @@ MARKER = "eventlog.id"
 or missing data file is damage, not a log still being created by another process."""
 
 
-def _prepare_files(path: str, readonly: bool, allow_shared: bool) -> None:
+def _prepare_files(path: str, readonly: bool, allow_shared: bool) -> bool:
     """Refuse a directory others can write, and create LMDB's files safely before it opens them.
 
     LMDB opens ``lock.mdb`` and ``data.mdb`` by name, following symlinks; so they are
     created here first with ``O_NOFOLLOW``, and a planted link or another user's file is
     refused.  The lock file also gets its blocks (see :func:`~eventlog.files.reserve_lock_file`),
     so that a full disk is :class:`StorageFullError`, not SIGBUS.
+
+    Returns whether LMDB may use its lock file.  A read-only open of another user's
+    directory (a service's log, writable by its owner only) or of a lock file this process
+    may not write reads without it: nothing in the directory is then opened for writing.
     """
     try:
-        check_private_directory(path, what="log", allow_shared=allow_shared)
+        if readonly:
+            try:
+                check_private_directory(path, what="log", allow_shared=allow_shared)
+            except UnsafeDirectoryError:
+                if os.stat(path).st_mode & (stat.S_IWGRP | stat.S_IWOTH):
+                    raise  # others could plant files in it
+                return False  # another user's private directory (a service's log): opened for reading only
+        else:
+            check_private_directory(path, what="log", allow_shared=allow_shared)
         lock = os.path.join(path, "lock.mdb")
         if not readonly:
             reserve_lock_file(lock)
@@ -111,10 +124,13 @@ def _prepare_files(path: str, readonly: bool, allow_shared: bool) -> None:
         elif os.path.lexists(lock):
             try:
                 os.close(open_own_file(lock, create=False))
-            except OSError as e:
-                if not isinstance(e, UnsafeDirectoryError) and e.errno in (errno.EROFS, errno.EACCES):
-                    return  # a read-only file system or a file we may not write: LMDB reads without it
+            except UnsafeDirectoryError:
                 raise
+            except OSError as e:
+                if e.errno in (errno.EROFS, errno.EACCES, errno.EPERM):
+                    return False  # a read-only file system or a file we may not write: LMDB reads without it
+                raise
+        return True
     except UnsafeDirectoryError:
         raise
     except OSError as e:
@@ -191,7 +207,8 @@ class Store:
             raise CorruptLogError(
                 f"{data}: the data file is missing or truncated ({size} bytes); restore it from a backup"
             )
-        _prepare_files(self.path, readonly, allow_shared_directory)
+        self.locked = _prepare_files(self.path, readonly, allow_shared_directory)
+        """Whether LMDB's lock file is in use (see the read-only mode in docs/cli.md)."""
         for _ in range(100):
             try:
                 self.env = lmdb.open(
@@ -204,7 +221,7 @@ class Store:
                     readahead=False,
                     max_dbs=8,
                     max_readers=512,
-                    lock=True,
+                    lock=self.locked,
                 )
                 break
             except lmdb.MapResizedError:
@@ -212,13 +229,20 @@ class Store:
                 # Opening again reads the new size.
                 continue
             except lmdb.Error as e:
+                if readonly and self.locked and _denied(e):
+                    # A reader that may not write the lock file (a service's log, a read-only
+                    # backup) reads without LMDB's reader table: it cannot tell a writer which
+                    # pages it is reading, so it is only safe while nobody writes the log.
+                    self.locked = False
+                    continue
                 raise translate(e, self.path) from e
         else:
             raise EventLogError(f"{self.path}: the map kept being resized while opening the log")
         try:
             self._check_file_size(data)
             # Reader slots of processes that died holding a transaction pin old pages.
-            self.env.reader_check()
+            if self.locked:
+                self.env.reader_check()
             for _ in range(100):
                 try:
                     self.events = self.env.open_db(b"events", create=not readonly)
@@ -711,3 +735,11 @@ def _recorded_last(store: Store, txn: lmdb.Transaction, seq: int, raw: bytes) ->
             f"{store.path}: event {seq} names a session whose state is missing or damaged (run verify)"
         )
     return bytes(STATE.unpack(state)[3])
+
+
+def _denied(e: lmdb.Error) -> bool:
+    """Whether LMDB failed to open a file for lack of permission."""
+    text = str(e)
+    return getattr(e, "errno", None) in (errno.EACCES, errno.EPERM) or any(
+        words in text for words in ("Permission denied", "Operation not permitted")
+    )

@@ -276,7 +276,7 @@ def test_import_split_keeps_its_session_names_as_the_file_grows(tmp_path):
     source.write_text(first + json.dumps({"messages": [user("bye")]}) + "\n")
     assert run("import", str(source), "--split", log=log).stdout.splitlines() == [
         "chats-1: 2 messages read, 0 written",
-        "chats-2: 1 messages read, 1 written",
+        "chats-2: 1 message read, 1 written",
     ]
     with EventLog.open(log, readonly=True) as opened:
         assert sorted(opened.sessions()) == ["chats-1", "chats-2"]  # conversation 1 stored once
@@ -289,7 +289,7 @@ def test_an_import_a_session_refuses_writes_none_of_the_file(tmp_path):
     source = tmp_path / "chats.jsonl"
     source.write_text(json.dumps({"messages": [user("a")]}) + "\n" + json.dumps({"messages": [user("b")]}) + "\n")
     result = run("import", str(source), "--split", log=log)
-    assert_one_line_error(result, "session 'chats-2' already holds 1 messages", "nothing was imported")
+    assert_one_line_error(result, "session 'chats-2'", "chats.jsonl:2 differs", "nothing was imported")
     with EventLog.open(log, readonly=True) as opened:
         assert list(opened.sessions()) == ["chats-2"]  # chats-1, the first target, was not written either
         assert opened.messages("chats-2") == [user("something else")]
@@ -362,16 +362,16 @@ def test_import_refuses_to_overwrite_a_different_transcript_unless_replace(tmp_p
     second.write_text(json.dumps(user("two")) + "\n")
     run("import", str(first), "--session", "s", log=log)
     result = run("import", str(second), "--session", "s", log=log)
-    assert_one_line_error(result, "already holds 1 messages", "--replace")
+    assert_one_line_error(result, "second.jsonl:1 differs", "--replace")
     result = run("import", str(second), "--session", "s", "--replace", log=log)
-    assert result.stdout.strip() == "s: 1 messages read, 1 written, 1 tombstoned"
+    assert result.stdout.strip() == "s: 1 message read, 1 written, 1 tombstoned"
 
 
 def test_import_from_stdin_needs_a_session(tmp_path):
     log = tmp_path / "log"
     assert_one_line_error(run("import", "-", log=log, input="{}\n"), "--session")
     result = run("import", "-", "--session", "piped", log=log, input=json.dumps(user("x")) + "\n")
-    assert result.stdout.strip() == "piped: 1 messages read, 1 written"
+    assert result.stdout.strip() == "piped: 1 message read, 1 written"
 
 
 def test_export_jsonl_round_trips_to_the_same_head(logdir, tmp_path):
@@ -480,7 +480,10 @@ def test_tail_follows_events_written_by_another_process(logdir):
         proc.wait(timeout=30)
     assert proc.returncode == 0
     lines = result.stdout.splitlines()
-    assert [line.split()[2:] for line in lines] == [["fresh", "opened"], ["fresh", "appended", "1", "at", "0"]]
+    assert [line.split()[2:] for line in lines] == [
+        ["fresh", "opened"],
+        ["fresh", "appended", "1", "at", "0:", "user:", "from", "another", "process"],
+    ]
 
 
 # -- projection -----------------------------------------------------------------

@@ -96,6 +96,12 @@ def test_cli_md_matches_help(name):
     )
 
 
+def test_integration_md_states_the_flush_rules():
+    text = (ROOT / "docs" / "integration.md").read_text(encoding="utf-8")
+    for rule in ("After `log.rewind()`", "Flush a streamed reply once it is complete", "nest at most 64 levels"):
+        assert rule in text, rule
+
+
 def write_cli_md() -> None:
     text = CLI_MD.read_text(encoding="utf-8")
 

@@ -240,3 +240,93 @@ def test_a_process_killed_between_put_and_put_writes_resumes(tmp_path: Path, kil
         assert [row.get("content") for row in log.messages("t")] == [m.content for m in out["messages"]]
         assert graph.get_state(config("t")).next == ()
         assert log.verify().ok
+
+
+def test_a_message_edited_in_place_is_noticed(tmp_path: Path) -> None:
+    with EventLog.open(tmp_path / "log") as log:
+        saver = EventLogSaver(log)
+        graph = agent_graph(scripted(3, tools_every=0), saver)
+        run_turns(graph, "t", 1)
+        first = graph.get_state(config("t"))
+        kept = first.values["messages"]
+        # The saver hands back the objects it stored; someone edits one in place.
+        kept[0].content = "edited in place"
+        again = saver.get_tuple(config("t"))
+        assert again is not None
+        assert again.checkpoint["channel_values"]["messages"][0].content == "question 0"
+        run_turns(graph, "t", 1)
+        assert log.messages("t")[0]["content"] == "question 0"
+
+
+def test_written_messages_are_rows_not_opaque_blobs(tmp_path: Path) -> None:
+    with EventLog.open(tmp_path / "log") as log:
+        graph = agent_graph(scripted(2), EventLogSaver(log))
+        run_turns(graph, "t", 2)
+        assert "t\x1fblobs" not in log  # every value was small or a message list
+        writes = [row for row in log.messages("t\x1fcheckpoints") if row["kind"] == "writes"]
+        refs = [ref for row in writes for _, channel, ref in row["writes"] if channel == "messages"]
+        assert refs and all(ref["rows"][0]["role"] in ("user", "assistant", "tool") for ref in refs)
+
+
+def test_eventlog_show_prints_the_conversation(tmp_path: Path) -> None:
+    from click.testing import CliRunner
+
+    from eventlog.cli import cli
+
+    with EventLog.open(tmp_path / "log") as log:
+        graph = agent_graph(scripted(1), EventLogSaver(log))
+        run_turns(graph, "t", 1)
+    shown = CliRunner().invoke(cli, ["--log", str(tmp_path / "log"), "show", "t"])
+    assert shown.exit_code == 0, shown.output
+    lines = shown.output.splitlines()
+    assert lines[0].startswith("[0] user: question 0")
+    assert lines[1].startswith("[1] assistant: → lookup(") and "[call-0]" in lines[1]
+    assert lines[2].startswith("[2] tool lookup (call-0): result for q0")
+    assert lines[3].startswith("[3] assistant: answer 0")
+
+
+def test_the_sqlite_projection_indexes_the_conversation(tmp_path: Path) -> None:
+    from projections import SQLiteProjection
+
+    projection = SQLiteProjection(tmp_path / "transcript.db", search_lag=0)
+    try:
+        with EventLog.open(tmp_path / "log", projections=[projection]) as log:
+            graph = agent_graph(scripted(2), EventLogSaver(log))
+            run_turns(graph, "t", 2)
+            rows = projection.messages("t")
+            assert [(row["role"], row["tool_call_id"]) for row in rows][:3] == [
+                ("user", None),
+                ("assistant", None),
+                ("tool", "call-0"),
+            ]
+            hits = projection.search("question", session_id="t")
+            assert sorted(hit["content"] for hit in hits) == ["question 0", "question 1"]
+    finally:
+        projection.close()
+
+
+def test_values_that_are_not_json_like_round_trip_exactly(tmp_path: Path) -> None:
+    from langgraph.checkpoint.base import empty_checkpoint
+    from langgraph.checkpoint.serde.jsonplus import JsonPlusSerializer
+
+    odd = HumanMessage(content="a tuple inside", id="odd", additional_kwargs={"pair": (1, 2)})
+    plain = HumanMessage(content="plain", id="plain")
+    checkpoint = empty_checkpoint()
+    checkpoint["channel_values"] = {"messages": [plain, odd], "raw": b"\x00\x01", "big": "x" * 5000}
+    checkpoint["channel_versions"] = {"messages": 1, "raw": 1, "big": 1}
+    metadata: Any = {"source": "loop", "step": 1, "parents": {}, "pair": (3, 4)}
+    with EventLog.open(tmp_path / "log") as log:
+        stored = EventLogSaver(log).put(config("t"), checkpoint, metadata, checkpoint["channel_versions"])
+    with EventLog.open(tmp_path / "log") as log:
+        found = EventLogSaver(log).get_tuple(stored)
+        assert found is not None
+        values = found.checkpoint["channel_values"]
+        # What LangGraph's own serializer gives back, as its own savers do (it keeps no tuple in a message).
+        serde = JsonPlusSerializer()
+        assert values["messages"] == [plain, serde.loads_typed(serde.dumps_typed(odd))]
+        assert values["raw"] == b"\x00\x01" and values["big"] == "x" * 5000
+        assert found.metadata["pair"] == serde.loads_typed(serde.dumps_typed(metadata))["pair"]
+        rows = log.messages("t")
+        assert rows[0] == {"role": "user", "content": "plain", "id": "plain"}  # the compact row
+        assert rows[1]["role"] == "user" and "langgraph_serde" in rows[1]  # kept in the serializer's form
+        assert len(log.messages("t\x1fblobs")) == 1  # the large value, once

@@ -185,7 +185,7 @@ def test_cli_projects_rebuilds_and_reads_postgresql(tmp_path: Path, pg_database:
         (ids[1], "other"),
     }
     table = cli_run("sessions", "--from", pg_database)
-    assert "3 session(s) in 2 log(s)" in table.output
+    assert "3 sessions in 2 logs" in table.output
     found = cli_run("search", "beacon", "--from", pg_database, "--json")
     assert found.exit_code == 0, found.output
     assert {r["log_id"] for r in json.loads(found.stdout)} == set(ids)

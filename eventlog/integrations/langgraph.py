@@ -54,7 +54,7 @@ from langgraph.checkpoint.base import (  # noqa: E402
 )
 from langgraph.checkpoint.serde.base import SerializerProtocol  # noqa: E402
 
-from .langgraph_messages import MessageCodec, is_message_list, is_plain, snapshot, unchanged  # noqa: E402
+from .langgraph_messages import SERDE_KEY, MessageCodec, is_message_list, is_plain, snapshot, unchanged  # noqa: E402
 
 __all__ = ["INLINE_BYTES", "SEP", "EventLogSaver"]
 
@@ -182,6 +182,7 @@ class EventLogSaver(BaseCheckpointSaver[int]):
         self._lock = threading.RLock()
         self._threads: dict[str, _Thread] = {}
         self._transcripts: dict[str, _Transcript] = {}
+        self._histories: dict[str, tuple[str | None, builtins.list[Any]]] = {}
 
     @classmethod
     @contextmanager
@@ -258,7 +259,13 @@ class EventLogSaver(BaseCheckpointSaver[int]):
     # -- values ------------------------------------------------------------------
 
     def _ref(self, value: Any, blobs: dict[str, dict[str, Any]]) -> dict[str, Any]:
-        """Where a serialized value is kept: inline when small, else by digest in the blobs session."""
+        """How a value is kept: messages as transcript rows, other values serialized, inline when
+        small, else by digest in the blobs session."""
+        to_row = self._codec.to_row
+        if is_message_list(value):  # a node's new messages, a graph's input: rows, not an opaque blob
+            return {"rows": [to_row(m) for m in value]}
+        if type(value) is dict and value and all(type(k) is str and is_message_list(v) for k, v in value.items()):
+            return {"rows_by_key": {key: [to_row(m) for m in item] for key, item in value.items()}}
         kind, data = self.serde.dumps_typed(value)
         if len(data) <= INLINE_BYTES:
             return {"type": kind, "data": _b64(data)}
@@ -269,6 +276,11 @@ class EventLogSaver(BaseCheckpointSaver[int]):
     def _load(self, thread_id: str, thread: _Thread, ref: dict[str, Any]) -> Any:
         if "session" in ref:
             return self._read_transcript(ref)
+        from_row = self._codec.from_row
+        if "rows" in ref:
+            return [from_row(row) for row in ref["rows"]]
+        if "rows_by_key" in ref:
+            return {key: [from_row(row) for row in rows] for key, rows in ref["rows_by_key"].items()}
         if "blob" in ref:
             found = self._blobs(thread_id, thread).get(ref["blob"])
             if found is None:
@@ -281,15 +293,15 @@ class EventLogSaver(BaseCheckpointSaver[int]):
         return self.serde.loads_typed((kind, base64.b64decode(data)))
 
     def _plain_or_serde(self, value: Any) -> Any:
-        return value if is_plain(value) else {"serde": list(self._ref_inline(value))}
+        return value if is_plain(value) else {SERDE_KEY: list(self._ref_inline(value))}
 
     def _ref_inline(self, value: Any) -> tuple[str, str]:
         kind, data = self.serde.dumps_typed(value)
         return kind, _b64(data)
 
     def _unplain(self, value: Any) -> Any:
-        if type(value) is dict and set(value) == {"serde"}:
-            kind, data = value["serde"]
+        if type(value) is dict and set(value) == {SERDE_KEY}:
+            kind, data = value[SERDE_KEY]
             return self.serde.loads_typed((kind, base64.b64decode(data)))
         return value
 
@@ -353,11 +365,32 @@ class EventLogSaver(BaseCheckpointSaver[int]):
                     objects = [from_row(row) for row in rows]
                     self._keep(sid, _Transcript(objects, rows, [snapshot(m) for m in objects], head))
                     return list(objects)
-        for occurrence in self.log.history(sid):
-            if occurrence.position == length - 1 and occurrence.node == head:
-                rows = self.log.messages(sid, as_of=occurrence.seq)[:length]
-                return [from_row(row) for row in rows]
-        raise KeyError(f"transcript {sid!r} never had {length} messages ending in node {head}")
+        history = self._history(sid)
+        end = next((o for o in history if o.position == length - 1 and o.node == head), None)
+        if end is None:
+            raise KeyError(f"transcript {sid!r} never had {length} messages ending in node {head}")
+        # The list as it was right after the event that made ``head`` live: at each position the
+        # occurrence live then (made live by then, not yet tombstoned).
+        at = end.seq
+        rows_at: dict[int, dict[str, Any]] = {}
+        for o in history:
+            if o.position < length and o.seq <= at and (o.tombstone is None or o.tombstone.seq > at):
+                rows_at[o.position] = o.message
+        if len(rows_at) != length:  # not expected; replay is the authority
+            return [from_row(row) for row in self.log.messages(sid, as_of=at)[:length]]
+        return [from_row(rows_at[position]) for position in range(length)]
+
+    def _history(self, sid: str) -> builtins.list[Any]:
+        """The transcript's full history, kept while its head stays (``list`` reads many old checkpoints)."""
+        head = self.log.head(sid)
+        with self._lock:
+            kept = self._histories.get(sid)
+            if kept is not None and kept[0] == head:
+                return kept[1]
+        history = self.log.history(sid)
+        with self._lock:
+            self._histories = {sid: (head, history)}  # one transcript's history at a time
+        return history
 
     # -- BaseCheckpointSaver -----------------------------------------------------
 
@@ -403,7 +436,7 @@ class EventLogSaver(BaseCheckpointSaver[int]):
                 "ns": ns,
                 "id": checkpoint["id"],
                 "parent": parent_id,
-                "checkpoint": rest if is_plain(rest) else {"serde": list(self._ref_inline(rest))},
+                "checkpoint": rest if is_plain(rest) else {SERDE_KEY: list(self._ref_inline(rest))},
                 "metadata": self._plain_or_serde(get_checkpoint_metadata(config, metadata)),
                 "values": refs,
             }
