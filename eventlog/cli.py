@@ -1044,11 +1044,13 @@ def import_(file: str, session: str | None, split: bool, replace: bool, durabili
         except ConflictError as e:
             _fail(f"{_one_line(e)}: another process wrote to it while this import ran; nothing was imported")
         settings.written = "the import was written whole"
-        if default_name and source is not None:  # what a later import under the same name is checked against
-            for target in targets:
-                info = log.session(target)
-                if info is not None and info.metadata.get("imported_from") != source:
-                    log.update_session(target, imported_from=source)
+        if default_name and source is not None:
+            # What a later import under the same name is checked against; one session of a
+            # split file carries it (a write per session would cost a commit each).
+            first = next(iter(targets))
+            info = log.session(first)
+            if info is not None and info.metadata.get("imported_from") != source:
+                log.update_session(first, imported_from=source)
     results = [
         {
             "session": target,

@@ -738,23 +738,28 @@ def iter_events(store: Store, after: int = 0, batch: int = 1024) -> Iterator[Rec
             more = len(chunk) > batch
             # the log's newest event is the last of its session, whose state records its hash
             anchor = chunk[-1][1][:32] if more else _recorded_last(store, txn, *chunk[-1])
-        records = [store.load(seq, raw) for seq, raw in chunk]
-        recorded = [record.prev_hash for record in records[1:]] + [anchor]
         if more:
-            records.pop()
-        for i, record in enumerate(records):
-            if record.seq != nxt:
+            chunk.pop()
+        last = len(chunk) - 1
+        for i, (seq, raw) in enumerate(chunk):
+            if seq != nxt:
                 raise CorruptLogError(f"{store.path}: event {nxt} is missing; the log is damaged (run verify)")
-            if record.hash != recorded[i]:
-                if i + 1 < len(records) and records[i + 1].hash != recorded[i + 1]:
-                    raise CorruptLogError(
-                        f"{store.path}: events {record.seq} and {record.seq + 1} do not match the hashes recorded "
-                        f"for them (the link between them is damaged); the log is damaged (run verify)"
-                    )
+            record = store.load(seq, raw)
+            # Each envelope starts with the hash of the event before it.
+            recorded = anchor if i == last else chunk[i + 1][1][:32]
+            if record.hash != recorded:
+                if i < last:
+                    after_seq, after_raw = chunk[i + 1]
+                    following = anchor if i + 1 == last else chunk[i + 2][1][:32]
+                    if event_hash(after_seq, after_raw) != following:
+                        raise CorruptLogError(
+                            f"{store.path}: events {seq} and {seq + 1} do not match the hashes recorded for them "
+                            "(the link between them is damaged); the log is damaged (run verify)"
+                        )
                 raise CorruptLogError(
-                    f"{store.path}: event {record.seq} does not match its recorded hash; the log is damaged (run verify)"
+                    f"{store.path}: event {seq} does not match its recorded hash; the log is damaged (run verify)"
                 )
-            nxt = record.seq + 1
+            nxt = seq + 1
             yield record
         if not more:
             return
