@@ -9,7 +9,7 @@ conversations pays one fsync for a whole group of turns.
 >>> import asyncio, tempfile
 >>> from eventlog.aio import AsyncEventLog
 >>> async def main(path):
-...     async with await AsyncEventLog.open(path) as log:
+...     async with AsyncEventLog.open(path) as log:
 ...         turn = [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "hello"}]
 ...         results = await asyncio.gather(*(log.flush(f"chat-{i}", turn) for i in range(8)))
 ...         return [r.appended for r in results], (await log.messages("chat-3"))[1]["content"]
@@ -36,7 +36,7 @@ import concurrent.futures
 import functools
 import os
 import threading
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Generator, Iterable, Mapping, Sequence
 from types import TracebackType
 from typing import Any, TypeVar
 
@@ -75,7 +75,7 @@ class AsyncEventLog:
 
     Open one with ``await AsyncEventLog.open(path, **options)`` (the options of
     :meth:`EventLog.open`) and close it with ``await log.close()``, or use it as
-    ``async with await AsyncEventLog.open(path) as log``.  Or wrap a log you already
+    ``async with AsyncEventLog.open(path) as log``.  Or wrap a log you already
     have: ``AsyncEventLog(log)``; closing the wrapper then leaves ``log`` open unless
     ``owns_log=True``.
 
@@ -98,16 +98,15 @@ class AsyncEventLog:
         self._tails_guard = threading.Lock()
 
     @classmethod
-    async def open(
-        cls, path: str | os.PathLike[str], *, max_workers: int = DEFAULT_WORKERS, **options: Any
-    ) -> AsyncEventLog:
+    def open(cls, path: str | os.PathLike[str], *, max_workers: int = DEFAULT_WORKERS, **options: Any) -> _Opening:
         """Open (creating when needed) the log in directory ``path`` on a worker thread.
 
-        ``options`` are those of :meth:`EventLog.open` (``durability``, ``projections``,
-        ``readonly``, ...); the returned log owns the :class:`EventLog` and closes it.
+        ``await AsyncEventLog.open(path)`` returns the log; ``async with AsyncEventLog.open(path)
+        as log`` also closes it at the end of the block.  ``options`` are those of
+        :meth:`EventLog.open` (``durability``, ``projections``, ``readonly``, ...); the log
+        owns the :class:`EventLog` it opens and closes it.
         """
-        log = await asyncio.to_thread(EventLog.open, path, **options)
-        return cls(log, max_workers=max_workers, owns_log=True)
+        return _Opening(cls, path, max_workers, options)
 
     async def close(self) -> None:
         """Wait for the calls in flight, then close the pool (and the log, when this owns it).
@@ -338,6 +337,34 @@ class AsyncEventLog:
             for key in keys:
                 if self._tails.get(key) is job:
                     del self._tails[key]
+
+
+class _Opening:
+    """What :meth:`AsyncEventLog.open` returns: awaitable, and an async context manager."""
+
+    def __init__(
+        self, cls: type[AsyncEventLog], path: str | os.PathLike[str], max_workers: int, options: dict[str, Any]
+    ) -> None:
+        self._args = (cls, path, max_workers, options)
+        self._log: AsyncEventLog | None = None
+
+    async def _open(self) -> AsyncEventLog:
+        cls, path, max_workers, options = self._args
+        log = await asyncio.to_thread(EventLog.open, path, **options)
+        return cls(log, max_workers=max_workers, owns_log=True)
+
+    def __await__(self) -> Generator[Any, None, AsyncEventLog]:
+        return self._open().__await__()
+
+    async def __aenter__(self) -> AsyncEventLog:
+        self._log = await self._open()
+        return self._log
+
+    async def __aexit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        if self._log is not None:
+            await self._log.close()
 
 
 def _after(before: list[concurrent.futures.Future[Any]], fn: Callable[..., T], args: Any, kwargs: Any) -> T:

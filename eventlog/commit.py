@@ -64,6 +64,11 @@ class Target(Protocol):
         """The map size after it ran full; raises :class:`StorageFullError` at the maximum."""
         ...
 
+    def seal(self, txn: lmdb.Transaction) -> None:
+        """Derive what the commit's events imply beyond the writes themselves (the Merkle
+        tree), in the same transaction: called after the writes, before the commit."""
+        ...
+
 
 class Tip:
     """The newest event of the log as this process knows it: ``(seq, hash)``.
@@ -311,6 +316,7 @@ class GroupCommit:
                         if self.target.space is not None:
                             self.target.space.extend(self.target.env.info(), self.commits)
                         self._run_group(txn, group)
+                        self.target.seal(txn)
                         txn.commit()
                         self._committed(group)  # in the try: an interrupt here is found by _landed()
                     except _BodyFailed:

@@ -62,6 +62,12 @@ class MessagesAppended(Event, tag=2, frozen=True, kw_only=True):
     """Display overrides for messages of this batch, keyed by batch index."""
     summaries: int = 0
     """How many leading messages of the batch are compaction summaries."""
+    salts: bytes = b""
+    """16 random bytes per message, concatenated: what the log's Merkle tree commits to is
+    each message salted (:func:`eventlog.verifier.message_commitment`), so that once a
+    message is redacted (salt and body erased) nothing left confirms a guess of it."""
+    sealed: dict[int, bytes] = {}
+    """The commitments of this batch's redacted messages (their salt and body are gone)."""
 
     def __len__(self) -> int:
         return len(self.bodies)
@@ -130,6 +136,10 @@ class MessageAnnotated(Event, tag=6, frozen=True, kw_only=True):
     position: int
     node: bytes
     override: dict[str, Any]
+    salt: bytes = b""
+    """Random bytes the tree's commitment to ``override`` is salted with (see :class:`MessagesAppended`)."""
+    sealed: bytes = b""
+    """The commitment of a redacted override (its salt and text are gone)."""
 
 
 AnyEvent = SessionOpened | MessagesAppended | MessagesTombstoned | SessionClosed | SessionUpdated | MessageAnnotated

@@ -10,6 +10,8 @@ is in docs/design.md; the formats are:
               :func:`note_key` -> node digest (32 bytes) + encoded display override.
 ``meta``      ``b"format"`` -> :data:`FORMAT`, ``b"log_id"`` -> 16 bytes,
               ``b"next_sid"`` -> ``SEQ``.
+``tree``      the Merkle tree's complete nodes (:mod:`eventlog.tree`).
+``checkpoints`` ``SEQ`` tree size -> a signed checkpoint note (UTF-8).
 """
 
 from __future__ import annotations
@@ -21,7 +23,8 @@ from typing import Final
 
 from . import events as ev
 
-FORMAT: Final = b"1"
+FORMAT: Final = b"2"
+"""1: the first format; 2: salted messages and the Merkle tree (:mod:`eventlog.upgrade`)."""
 
 SEQ = struct.Struct(">Q")
 HEADER = struct.Struct(">32sQBQQ")

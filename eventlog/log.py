@@ -13,14 +13,16 @@ from typing import Any, TypeVar
 
 import lmdb
 
-from . import codec
+from . import audit, codec
 from . import events as ev
 from .errors import InvalidMessageError
 from .keys import SessionState
 from .projector import Projection, Projector, bind
 from .replay import BodyReader, Occurrence, SessionInfo, fill, paused_gc, repair, replay, session_info
+from .signing import Signer
 from .snapshot import ChangedSince, Prepared, SnapshotCache, is_ephemeral, prepare, release
 from .store import Record, Store, iter_events
+from .verifier import Verifier
 from .verify import LogHead, VerifyReport, verify
 from .writer import EMPTY_HEAD, SUMMARY_KEY, FlushResult, Snapshot, Writer, _head_hex
 
@@ -745,6 +747,47 @@ class EventLog:
         """
         return iter_events(self._store, _count(after, "after"))
 
+    @staticmethod
+    def format_of(path: str | os.PathLike[str]) -> str | None:
+        """The format of the log in directory ``path`` ("1", "2", ...), None when there is none.
+
+        Opening a log of an earlier format for writing upgrades it (:mod:`eventlog.upgrade`).
+        """
+        return Store.format_of(path)
+
+    def tree_size(self) -> int:
+        """How many events the log's Merkle tree holds (all of them, once upgraded)."""
+        with self._store.read() as txn:
+            return self._store.tree.size(txn)
+
+    def checkpoint(self, signers: Sequence[Signer], *, origin: str | None = None) -> str:
+        """Sign the Merkle tree as it is now: a C2SP checkpoint note, also stored in the log.
+
+        ``signers``: :class:`eventlog.signing.KeySigner` (a key file) or
+        :class:`eventlog.signing.CommandSigner` (an external command).  ``origin``
+        names the log (default ``eventlog/<log id>``).  Publish the note somewhere
+        the log's host cannot change; see docs/audit.md.
+        """
+        return audit.checkpoint(self._store, signers, origin=origin)
+
+    def checkpoints(self) -> list[str]:
+        """Every checkpoint note the log issued, oldest first."""
+        return audit.checkpoints(self._store)
+
+    def prove(self, session_id: str, position: int, checkpoint: str) -> dict[str, Any]:
+        """A JSON-ready proof that live message ``position`` of the session is in the log at ``checkpoint``.
+
+        Checked offline by :func:`eventlog.verifier.verify_proof`.  Raises
+        :class:`eventlog.audit.AuditError` when the checkpoint is not of this log, or
+        older than the message.
+        """
+        check_session_id(session_id)
+        return audit.prove(self._store, session_id, position, checkpoint)
+
+    def prove_consistency(self, old: str, new: str) -> dict[str, Any]:
+        """A JSON-ready proof that the log at checkpoint ``old`` is a prefix of the log at ``new``."""
+        return audit.prove_consistency(self._store, old, new)
+
     def log_head(self) -> LogHead | None:
         """The newest event's seq and hash, to write down and check later; None for an empty log.
 
@@ -756,16 +799,23 @@ class EventLog:
         return LogHead(seq, digest.hex()) if seq else None
 
     def verify(
-        self, *, progress: Callable[[int, int], None] | None = None, expect: Iterable[LogHead] = ()
+        self,
+        *,
+        progress: Callable[[int, int], None] | None = None,
+        expect: Iterable[LogHead] = (),
+        checkpoints: Iterable[str] = (),
+        keys: Iterable[Verifier] = (),
     ) -> VerifyReport:
         """Recompute every digest, the event hash chain and the derived indexes.
 
         Returns a :class:`~eventlog.verify.VerifyReport`: ``.ok``, and ``.problems``
         naming the event and what differs.  ``progress(done, total)`` is called as
         events are checked.  ``expect``: heads written down earlier
-        (:meth:`log_head`) that the log must still hold.
+        (:meth:`log_head`) that the log must still hold.  ``checkpoints``: signed
+        checkpoint notes kept outside the log; each must verify under one of ``keys``
+        and the log's tree must have the root it signed at its size.
         """
-        return verify(self._store, progress=progress, expect=expect)
+        return verify(self._store, progress=progress, expect=expect, checkpoints=checkpoints, keys=keys)
 
     # -- internals -------------------------------------------------------------
 

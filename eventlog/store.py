@@ -58,6 +58,8 @@ from .keys import (
     state_key,
 )
 from .space import MIB, RESERVE_FROM, ZeroedSpace, grown_size, reserved_size
+from .tree import CHECKPOINTS_DB, TREE_DB, Tree
+from .upgrade import UPGRADABLE, upgrade
 
 __all__ = [
     "DURABILITY",
@@ -249,6 +251,8 @@ class Store:
                     self.meta = self.env.open_db(b"meta", create=not readonly)
                     self.sessions = self.env.open_db(b"sessions", create=not readonly)
                     self.index = self.env.open_db(b"index", create=not readonly)
+                    self.tree = Tree(self.path, self._open_optional(TREE_DB, readonly), self.events)
+                    self.checkpoints = self._open_optional(CHECKPOINTS_DB, readonly)
                     break
                 except lmdb.MapResizedError:
                     self.env.set_mapsize(0)  # another process grew the map: adopt its size
@@ -316,6 +320,37 @@ class Store:
             self.space.close()
         self.env.close()
 
+    @staticmethod
+    def format_of(path: str | os.PathLike[str]) -> str | None:
+        """The format recorded in the log at ``path``, None when there is no log there."""
+        if not os.path.isfile(os.path.join(path, "data.mdb")):
+            return None
+        try:
+            env = lmdb.open(os.fspath(path), readonly=True, max_dbs=8, lock=False, subdir=True)
+        except lmdb.Error as e:
+            raise translate(e, os.fspath(path)) from e
+        try:
+            with env.begin() as txn:
+                try:
+                    meta = env.open_db(b"meta", txn=txn, create=False)
+                except lmdb.NotFoundError:
+                    return None
+                found = txn.get(b"format", db=meta)
+        finally:
+            env.close()
+        return None if found is None else bytes(found).decode("ascii", "replace")
+
+    def _open_optional(self, name: bytes, readonly: bool) -> lmdb._Database | None:
+        """A database added after the first format: None when a read-only store finds a log without it."""
+        try:
+            return self.env.open_db(name, create=not readonly)
+        except lmdb.NotFoundError:
+            return None
+
+    def seal(self, txn: lmdb.Transaction) -> None:
+        """Bring the Merkle tree up to the events of the open write transaction (before its commit)."""
+        self.tree.extend(txn)
+
     def _init_meta(self) -> bytes:
         def init(txn: lmdb.Transaction) -> bytes:
             fmt = txn.get(b"format", db=self.meta)
@@ -323,6 +358,8 @@ class Store:
                 txn.put(b"format", FORMAT, db=self.meta)
                 txn.put(b"log_id", os.urandom(16), db=self.meta)
                 txn.put(b"next_sid", SEQ.pack(1), db=self.meta)
+            elif fmt in UPGRADABLE:
+                upgrade(self, txn, fmt)
             elif fmt != FORMAT:
                 raise CorruptLogError(f"{self.path}: unknown log format {fmt!r}")
             log_id = txn.get(b"log_id", db=self.meta)
@@ -701,23 +738,28 @@ def iter_events(store: Store, after: int = 0, batch: int = 1024) -> Iterator[Rec
             more = len(chunk) > batch
             # the log's newest event is the last of its session, whose state records its hash
             anchor = chunk[-1][1][:32] if more else _recorded_last(store, txn, *chunk[-1])
-        records = [store.load(seq, raw) for seq, raw in chunk]
-        recorded = [record.prev_hash for record in records[1:]] + [anchor]
         if more:
-            records.pop()
-        for i, record in enumerate(records):
-            if record.seq != nxt:
+            chunk.pop()
+        last = len(chunk) - 1
+        for i, (seq, raw) in enumerate(chunk):
+            if seq != nxt:
                 raise CorruptLogError(f"{store.path}: event {nxt} is missing; the log is damaged (run verify)")
-            if record.hash != recorded[i]:
-                if i + 1 < len(records) and records[i + 1].hash != recorded[i + 1]:
-                    raise CorruptLogError(
-                        f"{store.path}: events {record.seq} and {record.seq + 1} do not match the hashes recorded "
-                        f"for them (the link between them is damaged); the log is damaged (run verify)"
-                    )
+            record = store.load(seq, raw)
+            # Each envelope starts with the hash of the event before it.
+            recorded = anchor if i == last else chunk[i + 1][1][:32]
+            if record.hash != recorded:
+                if i < last:
+                    after_seq, after_raw = chunk[i + 1]
+                    following = anchor if i + 1 == last else chunk[i + 2][1][:32]
+                    if event_hash(after_seq, after_raw) != following:
+                        raise CorruptLogError(
+                            f"{store.path}: events {seq} and {seq + 1} do not match the hashes recorded for them "
+                            "(the link between them is damaged); the log is damaged (run verify)"
+                        )
                 raise CorruptLogError(
-                    f"{store.path}: event {record.seq} does not match its recorded hash; the log is damaged (run verify)"
+                    f"{store.path}: event {seq} does not match its recorded hash; the log is damaged (run verify)"
                 )
-            nxt = record.seq + 1
+            nxt = seq + 1
             yield record
         if not more:
             return

@@ -19,20 +19,24 @@ from __future__ import annotations
 
 import os
 import re
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from hashlib import sha256
-from typing import assert_never
+from typing import Any, assert_never
 
 import lmdb
 
 from . import codec
 from . import events as ev
+from .audit import check_checkpoints
 from .codec import ZERO
 from .errors import CorruptLogError, EventLogError
 from .keys import HEADER, LINK, SEQ, STATE, SessionState, event_hash
+from .merkle import Frontier, leaf_hash
 from .pages import DamagedPage, check_pages
 from .store import Store
+from .tree import leaf_input, node_key
+from .verifier import Verifier
 
 
 @dataclass(frozen=True, slots=True)
@@ -108,6 +112,8 @@ def verify(
     progress: Callable[[int, int], None] | None = None,
     limit: int = 100,
     expect: Iterable[LogHead] = (),
+    checkpoints: Iterable[str] = (),
+    keys: Iterable[Verifier] = (),
 ) -> VerifyReport:
     """Check the whole log; stop collecting after ``limit`` problems.
 
@@ -126,6 +132,8 @@ def verify(
                 report.problems.extend(Problem(0, str(page)) for page in pages.damaged)
                 return report
             _verify_snapshot(store, txn, report, progress, limit, expect)
+            found = check_checkpoints(store, txn, checkpoints, list(keys))
+            report.problems.extend(Problem(0, what) for what in found)
     except CorruptLogError as e:
         report.problems.append(Problem(0, str(e)))
     except OSError as e:
@@ -174,6 +182,7 @@ def _verify_snapshot(
     except CorruptLogError as e:
         problems.append(Problem(0, str(e)))
         total = -1  # not a count any walk can match: the end of the log is unknown
+    tree = _TreeCheck(store, txn)
     cursor = txn.cursor(db=store.events)
     for key, raw in cursor:
         if len(problems) >= limit:
@@ -225,6 +234,7 @@ def _verify_snapshot(
         hashes[seq] = prev_hash
         _check_event(seq, event, chains, digests, problems, report)
         _track_notes(event, chains, notes)
+        tree.add(seq, raw, event)
         if progress is not None and report.events % 4096 == 0:
             progress(report.events, total)
     if report.events != total and total >= 0:
@@ -234,9 +244,50 @@ def _verify_snapshot(
             Problem(0, f"the log has no event {seq}, which was written down as its head (--expect): an older copy?")
         )
     _check_indexes(store, txn, chains, notes, numbers, last_of, hashes, problems)
+    tree.finish()
+    problems.extend(tree.problems)
     report.sessions = len(chains)
     if progress is not None:
         progress(report.events, total)
+
+
+class _TreeCheck:
+    """The Merkle tree recomputed from the events, compared node for node with the stored one.
+
+    Both produce their nodes in key order, so the stored tree is read with one cursor
+    alongside the walk over the events; the first difference is reported, once.
+    """
+
+    def __init__(self, store: Store, txn: Any) -> None:
+        self.problems: list[Problem] = []  # reported after the others: a tree follows from the events
+        problems = self.problems
+        self.frontier = Frontier()
+        self.failed = not store.tree.exists
+        if self.failed:
+            problems.append(Problem(0, "tree: the log predates its Merkle tree (format 1); run `eventlog migrate`"))
+            self.stored: Iterator[tuple[bytes, bytes]] = iter(())
+        else:
+            self.stored = store.tree.nodes(txn)
+
+    def add(self, seq: int, raw: bytes, event: ev.AnyEvent) -> None:
+        if self.failed:
+            return
+        if seq != self.frontier.size + 1:
+            self._fail(seq, "the tree cannot be checked past a gap in the events")
+            return
+        for level, index, h in self.frontier.append(leaf_hash(leaf_input(seq, raw, event))):
+            found = next(self.stored, None)
+            if found != (node_key(level, index), h):
+                self._fail(seq, f"the Merkle tree differs from the events (node {level}/{index})")
+                return
+
+    def finish(self) -> None:
+        if not self.failed and next(self.stored, None) is not None:
+            self._fail(0, f"tree: nodes beyond the {self.frontier.size} events of the log")
+
+    def _fail(self, seq: int, what: str) -> None:
+        self.failed = True
+        self.problems.append(Problem(seq, what))
 
 
 def _check_event(

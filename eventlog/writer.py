@@ -9,6 +9,7 @@ outside the transaction.  Validation and hashing happen before, in
 
 from __future__ import annotations
 
+import os
 import struct
 from collections import deque
 from collections.abc import Mapping
@@ -25,6 +26,7 @@ from .errors import ConflictError, CorruptLogError, HistoryMismatchError, Unknow
 from .keys import LINK, SEQ, SessionState, chain_key, note_key
 from .snapshot import Prepared, bodies_from
 from .store import Batch, Store
+from .verifier import SALT_SIZE
 
 EMPTY_HEAD = "0" * 64
 """``expected_head`` value meaning "the session must be empty (or not exist yet)"."""
@@ -96,6 +98,9 @@ class FlushResult:
     tombstoned: int
     unchanged: int
     head: str | None
+    seq: int = 0
+    """The seq of the last event this write stored (0 when it stored none): a receipt to
+    ask for a proof with later (``eventlog prove``, once a checkpoint covers it)."""
 
 
 def _kept_notes(
@@ -164,7 +169,7 @@ class Writer:
         nodes = _chain(head, digests)
         self.append_messages(batch, session_id, state, NewMessages(bodies_from(prepared, 0), digests, nodes))
         batch.save(session_id, state)
-        return FlushResult(len(nodes), 0, length, state.head.hex())
+        return FlushResult(len(nodes), 0, length, state.head.hex(), seq=state.last_seq)
 
     def rewind(self, txn: lmdb.Transaction, session_id: str, to: int) -> FlushResult:
         """Tombstone the live messages from position ``to`` (reason ``rewind``)."""
@@ -177,7 +182,7 @@ class Writer:
         count = state.length - to
         self.tombstone(batch, session_id, state, to, "rewind")
         batch.save(session_id, state)
-        return FlushResult(0, count, to, _head_hex(state.length, state.head))
+        return FlushResult(0, count, to, _head_hex(state.length, state.head), seq=state.last_seq)
 
     def compact(
         self, txn: lmdb.Transaction, session_id: str, start: int, end: int, prepared: Prepared, expected: bytes | None
@@ -213,7 +218,7 @@ class Writer:
             batch, session_id, state, NewMessages(bodies, digests, nodes, carried, kept, len(prepared.bodies))
         )
         batch.save(session_id, state)
-        return FlushResult(len(nodes), length - start, start, _head_hex(state.length, state.head))
+        return FlushResult(len(nodes), length - start, start, _head_hex(state.length, state.head), seq=state.last_seq)
 
     def fork(self, txn: lmdb.Transaction, source_id: str, new_id: str, at: int | None) -> FlushResult:
         """Open ``new_id`` with a copy of the source's chain entries for its first ``at`` messages."""
@@ -234,7 +239,7 @@ class Writer:
         state.length = shared
         state.head = head
         batch.save(new_id, state)
-        return FlushResult(0, 0, shared, _head_hex(shared, head))
+        return FlushResult(0, 0, shared, _head_hex(shared, head), seq=state.last_seq)
 
     def update(
         self, txn: lmdb.Transaction, session_id: str, plain: dict[str, Any], counters: dict[str, float | int]
@@ -390,11 +395,18 @@ class Writer:
             )
         for position, note in sorted(annotate.items()):
             batch.emit(
-                ev.MessageAnnotated(session=session_id, position=position, node=nodes[position], override=note), state
+                ev.MessageAnnotated(
+                    session=session_id,
+                    position=position,
+                    node=nodes[position],
+                    override=note,
+                    salt=os.urandom(SALT_SIZE),
+                ),
+                state,
             )
             txn.put(note_key(state.number, position), nodes[position] + codec.encode(note), db=store.index)
         batch.save(session_id, state)
-        return FlushResult(len(nodes) - k, tombstoned, k, _head_hex(state.length, state.head))
+        return FlushResult(len(nodes) - k, tombstoned, k, _head_hex(state.length, state.head), seq=state.last_seq)
 
     def common_prefix(self, txn: lmdb.Transaction, state: SessionState | None, nodes: list[bytes]) -> int:
         """Length of the longest common prefix of ``nodes`` and the stored live chain.
@@ -467,6 +479,7 @@ class Writer:
                 carried=carried,
                 overrides=messages.notes,
                 summaries=messages.summaries,
+                salts=os.urandom(SALT_SIZE * len(bodies)),
             ),
             state,
             sum(map(len, bodies)) + 80 * len(bodies),  # each body, its digest and node, framing

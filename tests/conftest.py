@@ -1,12 +1,17 @@
 from __future__ import annotations
 
 import os
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 from eventlog import EventLog
+
+ROOT = Path(__file__).resolve().parent.parent
+if str(ROOT) not in sys.path:  # the benchmarks package, for the tests of benchmarks (pytest adds tests/ only)
+    sys.path.insert(0, str(ROOT))
 
 IN_CI = os.environ.get("CI", "").lower() in {"1", "true", "yes"}
 """Under CI every test must run: a skipped test (a framework not installed, a server that did

@@ -81,10 +81,23 @@ def test_every_method_of_the_issue_is_awaitable() -> None:
         "close_session",
         "close",
     ]
-    for name in names:
+    for name in names[1:]:
         assert inspect.iscoroutinefunction(getattr(AsyncEventLog, name)), name
-        if name != "open":
-            assert hasattr(EventLog, name), name
+        assert hasattr(EventLog, name), name
+
+
+def test_open_is_awaited_or_used_with_async_with(tmp_path: Path) -> None:
+    async def main() -> AsyncEventLog:
+        async with AsyncEventLog.open(tmp_path / "log", durability="process") as log:
+            assert log.durability == "process" and not log.closed
+            await log.flush("s", turn(1))
+        assert log.closed  # the block closed it
+        reopened = await AsyncEventLog.open(tmp_path / "log")
+        assert await reopened.messages("s") == turn(1)
+        await reopened.close()
+        return reopened
+
+    run(main())
 
 
 def test_awaited_calls_give_what_the_sync_log_gives(tmp_path: Path) -> None:

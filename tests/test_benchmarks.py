@@ -20,6 +20,7 @@ if str(ROOT) not in sys.path:  # pytest run from elsewhere than the repository r
 from benchmarks import (  # noqa: E402
     bench_adapters,
     bench_aio,
+    bench_audit,
     bench_bulk,
     bench_commit,
     bench_concurrency,
@@ -106,6 +107,17 @@ def test_commit_scenario(tmp_path: Path) -> None:
     assert {row["mode"] for row in result["rows"]} == {"full", "process", "none"}
     assert {row["system"] for row in result["rows"]} == set(bench_commit.WRITES)
     print(bench_commit.render(result))
+
+
+def test_audit_scenario(tmp_path: Path) -> None:
+    result = bench_audit.run(scratch_dir=tmp_path, messages=40, leaves=300)
+    assert [(r["mode"], r["batch"]) for r in result["commits"]] == [("full", 10), ("none", 10), ("none", 1)]
+    for row in result["commits"]:
+        assert row["commits"] >= 4 and row["share"] > 0 and row["tree_step_us"] > 0
+    inclusion, consistency = result["proofs"]
+    assert inclusion["hashes"] == 9 and 0 < consistency["hashes"] <= 2 * 9  # ceil(log2(300)) = 9
+    assert result["signing"]["sign_us"] > 0
+    print(bench_audit.render(result))
 
 
 def test_bulk_scenario(tmp_path: Path) -> None:

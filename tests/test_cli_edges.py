@@ -326,3 +326,17 @@ def test_a_service_log_owned_by_another_user_reads_readonly(tmp_path: Path):
     assert (path / "lock.mdb").read_bytes() == lock  # opened for reading only
     result = run("show", "s", log=path)
     assert result.exit_code == 0 and "hello" in result.stdout, result.output
+
+
+def test_import_split_into_ten_thousand_sessions(tmp_path: Path):
+    source = tmp_path / "many.jsonl"
+    source.write_text("".join(json.dumps({"messages": [user(f"q{i}")]}) + "\n" for i in range(10_000)))
+    log = tmp_path / "log"
+    result = run("import", str(source), "--split", "--durability", "none", "--json", log=log)
+    assert result.exit_code == 0, result.output
+    assert len(json.loads(result.stdout)) == 10_000
+    with EventLog.open(log, readonly=True) as opened:
+        assert len(opened.sessions()) == 10_000 and opened.messages("many-10000") == [user("q9999")]
+        assert opened.session("many-1").metadata == {"imported_from": str(source.resolve())}
+    again = run("import", str(source), "--split", "--durability", "none", log=log)
+    assert again.exit_code == 0 and "many-10000: 1 message read, 0 written" in again.stdout

@@ -26,7 +26,7 @@ NEEDS_SERVER = "<!-- examples need: postgresql -->"
 """Pages whose examples need a PostgreSQL server: tests/test_projection_postgres.py runs them."""
 
 PYTHON_BLOCK = re.compile(r"^```python\n(.*?)^```", re.S | re.M)
-HELP_BLOCK = re.compile(r"<!-- help: (?P<name>[a-z ]*) -->\n```text\n(?P<text>.*?)```\n", re.S)
+HELP_BLOCK = re.compile(r"<!-- help: (?P<name>[a-z -]*) -->\n```text\n(?P<text>.*?)```\n", re.S)
 
 
 def python_blocks(page: Path) -> list[str]:

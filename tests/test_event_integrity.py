@@ -147,3 +147,21 @@ def test_another_programs_sqlite_file_is_refused_until_forced(tmp_path: Path):
     assert result.exit_code == 0, result.output
     with SQLiteProjection(db) as projection:
         assert projection.search("fox")
+
+
+@pytest.mark.parametrize("batch", [1, 2, 3, 5])
+def test_the_checks_hold_across_read_batches(damaged, tmp_path: Path, batch: int):
+    from eventlog.store import iter_events
+
+    path, seq = damaged
+    intact = tmp_path / "intact"
+    _build(intact)
+    with EventLog.open(intact) as log:
+        assert [r.seq for r in iter_events(log._store, 0, batch=batch)] == list(range(1, log.last_seq + 1))
+        assert [r.seq for r in iter_events(log._store, 2, batch=batch)] == list(range(3, log.last_seq + 1))
+    with EventLog.open(path) as log:
+        seen = []
+        with pytest.raises(CorruptLogError, match=rf"event {seq}\b"):
+            for record in iter_events(log._store, 0, batch=batch):
+                seen.append(record.seq)
+        assert seen == list(range(1, seq))

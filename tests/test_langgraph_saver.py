@@ -330,3 +330,22 @@ def test_values_that_are_not_json_like_round_trip_exactly(tmp_path: Path) -> Non
         assert rows[0] == {"role": "user", "content": "plain", "id": "plain"}  # the compact row
         assert rows[1]["role"] == "user" and "langgraph_serde" in rows[1]  # kept in the serializer's form
         assert len(log.messages("t\x1fblobs")) == 1  # the large value, once
+
+
+def test_an_async_graph_on_an_async_event_log(tmp_path: Path) -> None:
+    import asyncio
+
+    from eventlog.aio import AsyncEventLog
+
+    async def main() -> list[Any]:
+        async with await AsyncEventLog.open(tmp_path / "log") as log:
+            graph = agent_graph(scripted(2), EventLogSaver(log))
+            for turn in range(2):
+                message = HumanMessage(content=f"question {turn}", id=f"user-{turn}")
+                await graph.ainvoke({"messages": [message]}, config("t"))
+            history = [s async for s in graph.aget_state_history(config("t"))]
+            assert len(history) > 4
+            return await log.messages("t")
+
+    rows = asyncio.run(main())
+    assert [row["role"] for row in rows] == ["user", "assistant", "tool", "assistant", "user", "assistant"]

@@ -13,7 +13,7 @@ import json
 from pathlib import Path
 
 import pytest
-from hypothesis import given
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from eventlog import merkle
@@ -103,6 +103,7 @@ def test_every_proof_in_the_reference_tree_verifies_and_a_wrong_root_does_not():
             merkle.verify_consistency(old, size, ROOTS[old], ROOTS[size], merkle.consistency_proof(get, old, size))
 
 
+@settings(deadline=None, max_examples=60)  # a shared machine: no per-example deadline
 @given(st.integers(1, 300), st.data())
 def test_proofs_of_random_trees_verify(size, data):
     leaves = [merkle.leaf_hash(i.to_bytes(4, "big")) for i in range(size)]

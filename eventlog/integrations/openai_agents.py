@@ -127,8 +127,6 @@ class EventLogSession(SessionABC):
         """
         await self._settle()
         target = self.log_session_id(branch_id)
-        if self._replacing == target:
-            return []
         count = resolve_session_limit(limit, self.session_settings)
         if count is not None and count <= 0:
             return [] if count == 0 else await self._log.messages(target)  # as SQLite's LIMIT: negative is none
