@@ -142,8 +142,9 @@ def test_three_hosts_project_into_one_database_through_kills(tmp_path: Path, pos
             with EventLog.open(hosts[i]) as log:
                 last = log.last_seq
             behind_at_kill += checkpoint(postgres_dsn, pg_schema, ids[i]) < last
-            # Aim at a moment the projector is working: within a statement or a transaction.
-            aim = time.monotonic() + 0.3
+            # Aim at a moment the projector is working: within a statement or a transaction (on a
+            # loaded machine a restarted projector may take seconds to start working again).
+            aim = time.monotonic() + 3.0
             while not (working := busy(postgres_dsn, f"projector{i}")) and time.monotonic() < aim:
                 pass
             mid_transaction += working
