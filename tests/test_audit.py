@@ -15,7 +15,7 @@ from factories import assistant, user
 from eventlog import EventLog, codec, signing
 from eventlog.audit import AuditError
 from eventlog.cli import cli
-from eventlog.verifier import ProofError, verify_consistency_proof, verify_proof
+from eventlog.verifier import ProofError, open_checkpoint, verify_consistency_proof, verify_proof
 
 VERIFIER = Path(__file__).resolve().parent.parent / "eventlog" / "verifier.py"
 
@@ -182,3 +182,19 @@ def test_an_external_signer_command_signs_checkpoints(tmp_path):
     result = run(log, "checkpoint", "--signer", f"{sys.executable} {script}", "--signer-key", str(keyfile) + ".pub")
     assert result.exit_code == 0, result.output
     assert result.stdout.splitlines()[-1].startswith("— example.com/hsm ")
+
+
+def test_a_second_key_cosigns_the_checkpoint_at_the_same_size(tmp_path, key):
+    """Key rotation: the stored note carries both signatures; each key alone verifies it."""
+    new_key = signing.generate("example.com/agent-log-2")
+    with EventLog.open(tmp_path / "log") as log:
+        log.flush("chat", [user("hi")])
+        log.checkpoint([key])
+        both = log.checkpoint([new_key])
+        assert log.checkpoints() == [both]
+    assert [line.split(" ")[1] for line in both.splitlines() if line.startswith("—")] == [
+        "example.com/agent-log",
+        "example.com/agent-log-2",
+    ]
+    for verifier in (key.verifier(), new_key.verifier()):
+        assert open_checkpoint(both, [verifier]).size == 2
