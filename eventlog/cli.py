@@ -156,6 +156,7 @@ def _default_db(log_path: str) -> str:
 @click.group(
     cls=_Group,
     invoke_without_command=True,
+    subcommand_metavar="[COMMAND] [ARGS]...",
     context_settings={
         "help_option_names": ["-h", "--help"],
         "max_content_width": HELP_WIDTH,
