@@ -142,7 +142,36 @@ class MessageAnnotated(Event, tag=6, frozen=True, kw_only=True):
     """The commitment of a redacted override (its salt and text are gone)."""
 
 
-AnyEvent = SessionOpened | MessagesAppended | MessagesTombstoned | SessionClosed | SessionUpdated | MessageAnnotated
+class MessageRedacted(Event, tag=7, frozen=True, kw_only=True):
+    """The content of message ``position`` of the session was erased for good.
+
+    Its body was stored in event ``body_seq`` at batch index ``body_index``; that event now
+    holds a placeholder in its place, its salt is gone and its commitment is kept in
+    ``sealed``, so the Merkle tree, every checkpoint signed before and every proof of another
+    message stay valid.  Every digest derived from the erased content was re-derived, so the
+    stored bytes of every event from ``body_seq`` on were rewritten: a projection that
+    applied any of them holds the erased content and must be rebuilt.  ``by`` names who
+    redacted it, ``reason`` why; the event's time is when.
+    """
+
+    name: ClassVar[str] = "redacted"
+
+    position: int
+    body_seq: int
+    body_index: int
+    reason: str
+    by: str = ""
+
+
+AnyEvent = (
+    SessionOpened
+    | MessagesAppended
+    | MessagesTombstoned
+    | SessionClosed
+    | SessionUpdated
+    | MessageAnnotated
+    | MessageRedacted
+)
 """Every event kind: the decoder's union, and what readers ``match`` on (ending in
 ``case _: assert_never(event)``, so the type checker names a reader that misses a kind)."""
 

@@ -112,7 +112,7 @@ def summarize(records: Iterable[Record]) -> LogSummary:
                 summary.fields.update(event.fields)
                 for key, value in event.counters.items():
                     summary.counters[key] = summary.counters.get(key, 0) + value
-            case ev.MessageAnnotated():
+            case ev.MessageAnnotated() | ev.MessageRedacted():
                 pass
             case _:
                 assert_never(event)
@@ -245,6 +245,8 @@ def describe(record: Record) -> str:
             what = f"updated {', '.join(keys)}"
         case ev.MessageAnnotated():
             what = f"annotated position {event.position}"
+        case ev.MessageRedacted():
+            what = f"redacted position {event.position} ({event.reason})"
         case _:
             assert_never(event)
     stamp = time.strftime("%H:%M:%S", time.localtime(record.time_ns / 1e9))
@@ -289,6 +291,14 @@ def event_json(record: Record) -> dict[str, Any]:
             out.update(fields=event.fields, counters=event.counters)
         case ev.MessageAnnotated():
             out.update(position=event.position)
+        case ev.MessageRedacted():
+            out.update(
+                position=event.position,
+                body_seq=event.body_seq,
+                body_index=event.body_index,
+                reason=event.reason,
+                by=event.by,
+            )
         case _:
             assert_never(event)
     return out

@@ -393,7 +393,7 @@ def session_info(store: Store, txn: lmdb.Transaction, session_id: str) -> Sessio
             case ev.SessionOpened():
                 if event.source is not None:
                     forked_from, fork_position = event.source, event.at
-            case ev.MessagesAppended() | ev.MessagesTombstoned() | ev.MessageAnnotated():
+            case ev.MessagesAppended() | ev.MessagesTombstoned() | ev.MessageAnnotated() | ev.MessageRedacted():
                 pass  # not in _INFO_KINDS: never decoded here
             case _:
                 assert_never(event)
@@ -502,7 +502,7 @@ def _replay(reader: BodyReader, session_id: str, upto: int | None) -> tuple[list
                             override=shared.override,
                         )
                     )
-            case ev.SessionOpened() | ev.SessionClosed() | ev.SessionUpdated():
+            case ev.SessionOpened() | ev.SessionClosed() | ev.SessionUpdated() | ev.MessageRedacted():
                 pass
             case _:
                 assert_never(event)

@@ -93,7 +93,7 @@ def payload_commitment(event: ev.AnyEvent) -> bytes:
             sealed = (event.session, event.position, note)
         case ev.SessionOpened():
             sealed = (event.session, event.source, event.at)
-        case ev.SessionClosed() | ev.SessionUpdated():
+        case ev.SessionClosed() | ev.SessionUpdated() | ev.MessageRedacted():
             sealed = event
         case _:
             assert_never(event)

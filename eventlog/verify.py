@@ -368,7 +368,7 @@ def _check_event(
         case ev.MessageAnnotated():
             if event.position >= len(chain) or chain[event.position][0] != event.node:
                 problems.append(Problem(seq, f"annotation of position {event.position} names a node that is not live"))
-        case ev.SessionClosed() | ev.SessionUpdated():
+        case ev.SessionClosed() | ev.SessionUpdated() | ev.MessageRedacted():
             pass
         case _:
             assert_never(event)
@@ -395,7 +395,7 @@ def _track_notes(
         case ev.MessageAnnotated():
             if event.position < len(chains.get(session, ())):
                 held[event.position] = event.node + codec.encode(event.override)
-        case ev.SessionClosed() | ev.SessionUpdated():
+        case ev.SessionClosed() | ev.SessionUpdated() | ev.MessageRedacted():
             pass
         case _:
             assert_never(event)
