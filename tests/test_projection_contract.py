@@ -572,3 +572,61 @@ def test_a_rewritten_log_without_a_redaction_of_an_applied_message_is_still_refu
         assert proj.rebuild(old) == old.last_seq
         assert target.transcript(proj, "s", old) == old.messages("s")
     proj.close()
+
+
+def test_an_attached_projection_is_erased_when_redact_returns(target: Target, tmp_path: Path) -> None:
+    proj = target.open()
+    with EventLog.open(tmp_path / "log", projections=[proj]) as log:
+        secret_history(log)
+        assert log.sync_projections()
+        assert target.hits(proj, SECRET, log) != set()
+        redact(log)
+        # no catch-up by hand: redact returns once the projector has rebuilt the projection
+        assert_erased(target, proj, log)
+        log.flush("s", [*log.messages("s"), user("on we go")])
+        assert target.transcript(proj, "s", log) == log.messages("s")
+
+
+class Straddling:
+    """A log read while it is being redacted: its events up to ``cut`` as they were before
+    the redaction (from a copy), the rest as they are after; honest from the second read on."""
+
+    def __init__(self, before: EventLog, after: EventLog, cut: int) -> None:
+        self.before, self.after, self.cut = before, after, cut
+        self.reads = 0
+
+    @property
+    def id(self) -> str:
+        return self.after.id
+
+    @property
+    def last_seq(self) -> int:
+        return self.after.last_seq
+
+    def events(self, after: int = 0) -> Iterator[Any]:
+        self.reads += 1
+        if self.reads > 1:
+            yield from self.after.events(after=after)
+            return
+        for record in self.before.events(after=after):
+            if record.seq > self.cut:
+                break
+            yield record
+        yield from self.after.events(after=max(after, self.cut))
+
+
+def test_a_catch_up_that_read_the_log_while_it_was_redacted_rebuilds(target: Target, tmp_path: Path) -> None:
+    """The chain is checked at the checkpoint only: a catch-up that applied the events holding
+    the body before their rewrite and the rest after is caught at the redaction event, by
+    the body it holds not being the placeholder the log holds."""
+    with EventLog.open(tmp_path / "log") as log:
+        secret_history(log)
+        cut = log.last_seq
+    shutil.copytree(tmp_path / "log", tmp_path / "before")
+    with EventLog.open(tmp_path / "log") as log, EventLog.open(tmp_path / "before") as before:
+        redact(log)
+        source = Straddling(before, log, cut)
+        proj = target.open()
+        proj.catch_up(source)
+        assert source.reads > 1  # it had to read again: rebuilt
+        assert_erased(target, proj, log)
