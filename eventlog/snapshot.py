@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import os
 import threading
+from array import array
 from bisect import bisect_left
 from collections import OrderedDict
 from collections.abc import Callable, Mapping, Sequence
@@ -64,7 +65,8 @@ class Prepared:
     ``bodies``, ``digests`` and ``nodes`` are per kept message.
     """
 
-    kept: list[int]
+    kept: array[int]
+    """Machine integers (``array("q")``): a list would hold an int object for each message."""
     bodies: list[bytes | None]
     """Per kept message, its canonical bytes; None for those before ``released`` (see :func:`release`)."""
     digests: list[bytes]
@@ -196,7 +198,7 @@ def prepare(
         # Another thread may have replaced a message since `reuse` was measured on the live
         # list; identity is all trust mode checks, so measure it again on the snapshot.
         reuse = _reusable(raw, previous, trust_identity)
-    out = Prepared([], [], [], [], raw, [], [])
+    out = Prepared(array("q"), [], [], [], raw, [], [])
     parent = ZERO
     if reuse:
         assert previous is not None
@@ -218,7 +220,7 @@ def prepare(
     return _extend(out, reuse, parent, ephemeral, trust_identity, chain, previous is not None)
 
 
-def _parts(prepared: Prepared) -> tuple[list[Any], ...]:
+def _parts(prepared: Prepared) -> tuple[list[Any] | array[int], ...]:
     return (
         prepared.raw,
         prepared.kept,
@@ -343,7 +345,7 @@ def _extend_batch(out: Prepared, reuse: int, parent: bytes, chain: bool, copying
         out.copies += copies
     out.fast += bodies
     out.flags += [False] * len(batch)
-    out.kept += range(reuse, len(out.raw))
+    out.kept.extend(range(reuse, len(out.raw)))
     out.bodies += bodies
     out.digests += digests
     if chain:
