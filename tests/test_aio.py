@@ -384,7 +384,7 @@ def test_constructor_arguments_are_checked(tmp_path: Path) -> None:
 
 def _failing_batch(log: Any) -> list[tuple[str, list[dict[str, Any]], dict[str, Any]]]:
     """Eight flushes, three of which fail each in its own way: (session, list, options)."""
-    calls = []
+    calls: list[tuple[str, list[dict[str, Any]], dict[str, Any]]] = []
     for i in range(8):
         calls.append((f"s{i}", turn(0) + turn(1), {}))
     calls[1] = ("s1", turn(0) + turn(1), {"expected_head": "0" * 64})  # ConflictError
