@@ -13,12 +13,14 @@ from __future__ import annotations
 
 from typing import Final
 
-VERSION: Final = 1
+VERSION: Final = 2
 
 REPROJECT: Final = "reproject"
 """A migration that recreates the tables empty: every log is projected again."""
 
-MIGRATIONS: dict[int, str] = {}
+MIGRATIONS: dict[int, str] = {
+    2: "ALTER TABLE {schema}.messages ADD COLUMN redacted_seq bigint;\n",
+}
 """Target version -> SQL (``{schema}`` stands for the schema's quoted name) or :data:`REPROJECT`."""
 
 SEARCH_CONFIG: Final = "simple"
@@ -108,6 +110,7 @@ CREATE TABLE {{schema}}.messages (
     search              tsvector GENERATED ALWAYS AS (
         to_tsvector('{SEARCH_CONFIG}', left(coalesce(content, '') || ' ' || coalesce(tool_text, ''), {SEARCH_CHARS}))
     ) STORED,
+    redacted_seq        bigint,           -- the MessageRedacted event that erased the body (NULL: not redacted)
     PRIMARY KEY (log_id, seq, idx)
 );
 CREATE UNIQUE INDEX messages_live ON {{schema}}.messages (log_id, session_id, position) WHERE tombstone_seq IS NULL;
