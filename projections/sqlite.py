@@ -300,7 +300,7 @@ class SQLiteProjection:
                             if attempt + 1 == REPLACE_TRIES:
                                 raise
                             continue  # redacted again meanwhile
-                        replace.copy_over(fresh._db, self._db)
+                    replace.copy_over(fresh._db, self._db)  # errors name this projection
                 finally:
                     fresh._db.close()
                     fresh._db = None  # type: ignore[assignment]

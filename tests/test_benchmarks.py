@@ -195,8 +195,9 @@ def test_aio_scenario(tmp_path: Path) -> None:
     ]
     _check_rows(cases)
     for row in cases:
-        assert len(row["rates"]) == 2 and row["writes"] == row["tasks"] * 2  # every flush of the median run
-        assert 1 <= row["commits"] <= row["writes"] and row["lag_max_ms"] >= 0
+        assert len(row["rates"]) == 2 and row["flushes"] == row["tasks"] * 2  # every flush of the median run
+        assert 1 <= row["commits"] <= row["writes"] <= row["flushes"] and row["lag_max_ms"] >= 0
+        assert row["flushes_per_commit"] == row["flushes"] / row["commits"]
         if row["tasks"] == 1:
             assert row["x_serial"] == 1
     idle = [row for row in result["rows"] if not row["tasks"]]

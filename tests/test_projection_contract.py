@@ -630,3 +630,59 @@ def test_a_catch_up_that_read_the_log_while_it_was_redacted_rebuilds(target: Tar
         proj.catch_up(source)
         assert source.reads > 1  # it had to read again: rebuilt
         assert_erased(target, proj, log)
+
+
+@settings(max_examples=6, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(
+    st.lists(
+        st.tuples(st.sampled_from(["a", "b"]), st.sampled_from(WORDS), st.integers(0, 2), st.booleans()),
+        min_size=2,
+        max_size=10,
+    ),
+    st.integers(0, 1000),
+    st.integers(0, 1000),
+)
+def test_a_random_redaction_at_any_checkpoint_erases_and_equals_a_rebuild(
+    target: Target,
+    tmp_path_factory: pytest.TempPathFactory,
+    steps: list[tuple[str, str, int, bool]],
+    secret_at: int,
+    caught_up_at: int,
+) -> None:
+    """Random histories (appends, rewinds, forks), the secret written at a random step and
+    the projection last caught up at another (before it, after it, or at the end)."""
+    if not hasattr(EventLog, "redact"):
+        pytest.skip("EventLog.redact is not built yet")
+    tmp = tmp_path_factory.mktemp("r")
+    target.tmp_path = tmp
+    secret_step = secret_at % len(steps)
+    catch_step = caught_up_at % (len(steps) + 1)
+    with EventLog.open(tmp / "log", durability="none") as log:
+        proj = target.open(f"inc{id(steps) % 10**6}")
+        forks = 0
+        for i, (sid, word, rewind, fork) in enumerate(steps):
+            if i == catch_step:
+                proj.catch_up(log)
+            current = live(log, sid)
+            if rewind and len(current) > rewind:
+                current = current[:-rewind]
+            text = f"{word} {SECRET}" if i == secret_step else word
+            log.flush(sid, [*current, user(text)], replace=not current and bool(live(log, sid)))
+            if fork and live(log, sid):
+                forks += 1
+                log.fork(sid, f"{sid}{forks}")
+        if catch_step == len(steps):
+            proj.catch_up(log)
+        holder = steps[secret_step][0]
+        occurrence = next(o for o in log.history(holder) if SECRET in json.dumps(o.message) and o.origin == "append")
+        log.redact(holder, occurrence.position, seq=occurrence.seq, reason="random")
+        proj.catch_up(log)
+        for sid in log.sessions():
+            assert target.transcript(proj, sid, log) == log.messages(sid), sid
+        assert target.hits(proj, SECRET, log) == set()
+        full = target.open(f"full{id(steps) % 10**6}")
+        full.rebuild(log)
+        assert target.rows(proj, log) == target.rows(full, log)
+        assert target.stored_anywhere(proj, SECRET.encode()) == []
+        proj.close()
+        full.close()
