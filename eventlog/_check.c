@@ -17,6 +17,12 @@
  * ever passes.  Containers must be the exact dict, list or tuple recorded, of the same
  * length, and a dict's keys the same (in any order: canonical bytes sort them).
  *
+ * On CPython 3.11 most of that walk is skipped: a record also notes the address of each
+ * container and each dict's version (see USE_VERSIONS), and a dict found at its recorded
+ * address with its recorded version is the recorded dict, unchanged, so none of its entries is
+ * read; its nested containers are checked from their recorded addresses (the unchanged dict
+ * holds them), a list's items by identity.  Anything else falls back to the walk above.
+ *
  * No Python code runs during a walk, nor can the garbage collector: only exact built-in
  * types are looked at, compared with C functions that call no Python code and allocate
  * nothing.  So the messages cannot change under the walk and it needs no references of its
@@ -32,6 +38,16 @@
 #include <math.h>
 #include <stddef.h>
 #include <string.h>
+
+/* On CPython 3.11 a dict's ma_version_tag (PEP 509) changes with every change to the dict, to a
+ * value no dict had before: a dict at the recorded address with the recorded version is the
+ * recorded dict, unchanged, and its entries need not be read.  (3.12 deprecates the field: from
+ * 3.12 on, and where pointers are not 64 bits, every dict is read.) */
+#if PY_VERSION_HEX >= 0x030B0000 && PY_VERSION_HEX < 0x030C0000 && SIZEOF_VOID_P == 8
+#define USE_VERSIONS 1
+#else
+#define USE_VERSIONS 0
+#endif
 
 #if defined(__GNUC__) || defined(__clang__)
 #define PREFETCH(p) __builtin_prefetch((const void *)(p))
@@ -54,27 +70,69 @@ enum {
 
 /* ---- records ---------------------------------------------------------------------------- */
 
+/* A shape's code starts with three lengths: how many leaves, containers and dicts a record of
+ * that shape holds; then the tags in pre-order. */
 typedef struct {
-    PyObject_VAR_HEAD   /* ob_size: how many leaves */
+    Py_ssize_t leaves, containers, dicts;
+} Counts;
+
+typedef struct {
+    PyObject_HEAD       /* no size of its own: the shape's counts say how many slots follow */
     PyObject *shape;    /* tuple: (code bytes, key or constant objects in pre-order) */
-    PyObject *leaves[1];
+    /* The leaves (strong references), then with USE_VERSIONS each container's address (never
+     * dereferenced unless its parent dict is unchanged, which then holds it) and each dict's
+     * version, in pre-order. */
+    PyObject *slots[1];
 } Record;
 
+static int read_varint(const unsigned char **code, const unsigned char *end, Py_ssize_t *n) {
+    Py_ssize_t value = 0;
+    int shift = 0;
+    for (;;) {
+        if (*code >= end || shift > 56) return 0;
+        unsigned char byte = *(*code)++;
+        value |= (Py_ssize_t)(byte & 0x7f) << shift;
+        if (!(byte & 0x80)) break;
+        shift += 7;
+    }
+    *n = value;
+    return 1;
+}
+
+/* The record's counts and its code after them. */
+static int record_layout(Record *r, Counts *counts, const unsigned char **code, const unsigned char **end) {
+    PyObject *bytes = PyTuple_GET_ITEM(r->shape, 0);
+    *code = (const unsigned char *)PyBytes_AS_STRING(bytes);
+    *end = *code + PyBytes_GET_SIZE(bytes);
+    if (!read_varint(code, *end, &counts->leaves) || !read_varint(code, *end, &counts->containers) ||
+        !read_varint(code, *end, &counts->dicts))
+        return 0;
+    return 1;
+}
+
 static void record_dealloc(Record *self) {
-    Py_ssize_t n = Py_SIZE(self);
-    for (Py_ssize_t i = 0; i < n; i++) Py_DECREF(self->leaves[i]);
-    Py_XDECREF(self->shape);
+    Counts counts;
+    const unsigned char *code, *end;
+    if (self->shape != NULL) {
+        Py_ssize_t n = record_layout(self, &counts, &code, &end) ? counts.leaves : 0;
+        for (Py_ssize_t i = 0; i < n; i++) Py_DECREF(self->slots[i]);
+        Py_DECREF(self->shape);
+    }
     Py_TYPE(self)->tp_free((PyObject *)self);
 }
 
-static PyObject *record_repr(Record *self) { return PyUnicode_FromFormat("<record of %zd leaves>", Py_SIZE(self)); }
+static PyObject *record_repr(Record *self) {
+    Counts counts;
+    const unsigned char *code, *end;
+    if (!record_layout(self, &counts, &code, &end)) counts.leaves = 0;
+    return PyUnicode_FromFormat("<eventlog._check.Record, %zd leaves>", counts.leaves);
+}
 
 /* Not tracked by the garbage collector: a record refers only to strings, ints, floats and
  * its shape (a tuple of bytes and strings), none of which can refer back to anything. */
 static PyTypeObject RecordType = {
     PyVarObject_HEAD_INIT(NULL, 0).tp_name = "eventlog._check.Record",
-    .tp_basicsize = offsetof(Record, leaves),
-    .tp_itemsize = sizeof(PyObject *),
+    .tp_basicsize = offsetof(Record, slots),
     .tp_dealloc = (destructor)record_dealloc,
     .tp_repr = (reprfunc)record_repr,
     .tp_flags = Py_TPFLAGS_DEFAULT,
@@ -91,7 +149,9 @@ typedef struct {
 typedef struct {
     unsigned char *code;
     Py_ssize_t len, cap;
-    Refs leaves, objects;
+    Refs leaves, objects, containers;
+    uint64_t *versions;
+    Py_ssize_t dicts, dicts_cap;
     int max_depth;
 } Builder;
 
@@ -134,6 +194,28 @@ static int put_ref(Refs *r, PyObject *value) {
     return 0;
 }
 
+static int put_container(Builder *b, PyObject *value) {
+    if (put_ref(&b->containers, value) < 0) return -1;
+#if USE_VERSIONS
+    if (Py_TYPE(value) == &PyDict_Type) {
+        if (b->dicts == b->dicts_cap) {
+            Py_ssize_t cap = b->dicts_cap ? b->dicts_cap * 2 : 8;
+            uint64_t *grown = PyMem_Realloc(b->versions, (size_t)cap * sizeof(uint64_t));
+            if (grown == NULL) {
+                PyErr_NoMemory();
+                return -1;
+            }
+            b->versions = grown;
+            b->dicts_cap = cap;
+        }
+        b->versions[b->dicts++] = ((PyDictObject *)value)->ma_version_tag;
+    }
+#else
+    if (Py_TYPE(value) == &PyDict_Type) b->dicts++;
+#endif
+    return 0;
+}
+
 /* 1: recorded; 0: not recordable; -1: error set.  Allocates nothing the garbage collector
  * tracks (it could run Python code, which could change the message under the walk). */
 static int build(Builder *b, PyObject *value, int depth) {
@@ -163,7 +245,8 @@ static int build(Builder *b, PyObject *value, int depth) {
     if (type == &PyDict_Type) {
         Py_ssize_t pos = 0;
         PyObject *key, *item;
-        if (put_byte(b, TAG_DICT) < 0 || put_length(b, PyDict_GET_SIZE(value)) < 0) return -1;
+        if (put_byte(b, TAG_DICT) < 0 || put_length(b, PyDict_GET_SIZE(value)) < 0 || put_container(b, value) < 0)
+            return -1;
         while (PyDict_Next(value, &pos, &key, &item)) {
             int r;
             if (Py_TYPE(key) != &PyUnicode_Type) return 0;
@@ -175,7 +258,9 @@ static int build(Builder *b, PyObject *value, int depth) {
     if (type == &PyList_Type || type == &PyTuple_Type) {
         Py_ssize_t n = Py_SIZE(value);
         PyObject **items = type == &PyList_Type ? ((PyListObject *)value)->ob_item : ((PyTupleObject *)value)->ob_item;
-        if (put_byte(b, type == &PyList_Type ? TAG_LIST : TAG_TUPLE) < 0 || put_length(b, n) < 0) return -1;
+        if (put_byte(b, type == &PyList_Type ? TAG_LIST : TAG_TUPLE) < 0 || put_length(b, n) < 0 ||
+            put_container(b, value) < 0)
+            return -1;
         for (Py_ssize_t i = 0; i < n; i++) {
             int r = build(b, items[i], depth + 1);
             if (r != 1) return r;
@@ -191,16 +276,32 @@ static int build(Builder *b, PyObject *value, int depth) {
 #define SHAPES_KEPT 4096
 static PyObject *shapes; /* dict: shape -> the same shape */
 
-/* A new reference to the shared shape for `code` and `objects` (owned by the caller). */
+static unsigned char *put_varint(unsigned char *out, Py_ssize_t n) {
+    do {
+        unsigned char c = (unsigned char)(n & 0x7f);
+        n >>= 7;
+        *out++ = n ? (unsigned char)(c | 0x80) : c;
+    } while (n);
+    return out;
+}
+
+/* A new reference to the shared shape for the builder's code and objects (owned by the caller). */
 static PyObject *shared_shape(Builder *b) {
-    PyObject *shape = PyTuple_New(b->objects.len + 1), *found;
+    unsigned char header[30], *at = header, *code;
+    at = put_varint(at, b->leaves.len);
+    at = put_varint(at, b->containers.len);
+    at = put_varint(at, b->dicts);
+    PyObject *shape = PyTuple_New(b->objects.len + 1), *found, *bytes;
     if (shape == NULL) return NULL;
-    PyObject *code = PyBytes_FromStringAndSize((const char *)b->code, b->len);
-    if (code == NULL) {
+    bytes = PyBytes_FromStringAndSize(NULL, (at - header) + b->len);
+    if (bytes == NULL) {
         Py_DECREF(shape);
         return NULL;
     }
-    PyTuple_SET_ITEM(shape, 0, code);
+    code = (unsigned char *)PyBytes_AS_STRING(bytes);
+    memcpy(code, header, (size_t)(at - header));
+    memcpy(code + (at - header), b->code, (size_t)b->len);
+    PyTuple_SET_ITEM(shape, 0, bytes);
     for (Py_ssize_t i = 0; i < b->objects.len; i++) PyTuple_SET_ITEM(shape, i + 1, Py_NewRef(b->objects.items[i]));
     /* A tuple of bytes and exact strings: hashing and comparing it runs no Python code. */
     found = PyDict_GetItemWithError(shapes, shape);
@@ -227,22 +328,35 @@ static PyObject *record(PyObject *module, PyObject *const *args, Py_ssize_t narg
     long depth = PyLong_AsLong(args[1]);
     if (depth == -1 && PyErr_Occurred()) return NULL;
     if (Py_TYPE(args[0]) != &PyDict_Type) Py_RETURN_NONE;
-    Builder b = {NULL, 0, 0, {NULL, 0, 0}, {NULL, 0, 0}, depth < 0 ? 0 : depth > 1000 ? 1000 : (int)depth};
+    Builder b = {0};
+    b.max_depth = depth < 0 ? 0 : depth > 1000 ? 1000 : (int)depth;
     PyObject *out = NULL;
     int r = build(&b, args[0], 0);
     if (r == 0) {
         out = Py_NewRef(Py_None);
     } else if (r == 1) {
-        /* Own every object first: allocating the shape may run the garbage collector. */
-        Record *rec = PyObject_NewVar(Record, &RecordType, b.leaves.len);
-        if (rec != NULL) {
+        Py_ssize_t nleaves = b.leaves.len, slots = nleaves;
+#if USE_VERSIONS
+        slots += b.containers.len + b.dicts;
+#endif
+        /* Own every leaf and object first: allocating the shape may run the garbage collector. */
+        Record *rec = PyObject_Malloc(offsetof(Record, slots) + (size_t)slots * sizeof(PyObject *));
+        if (rec == NULL) {
+            PyErr_NoMemory();
+        } else {
+            PyObject_Init((PyObject *)rec, &RecordType);
             rec->shape = NULL;
-            for (Py_ssize_t i = 0; i < b.leaves.len; i++) rec->leaves[i] = Py_NewRef(b.leaves.items[i]);
+            for (Py_ssize_t i = 0; i < nleaves; i++) rec->slots[i] = Py_NewRef(b.leaves.items[i]);
+#if USE_VERSIONS
+            memcpy(rec->slots + nleaves, b.containers.items, (size_t)b.containers.len * sizeof(PyObject *));
+            memcpy(rec->slots + nleaves + b.containers.len, b.versions, (size_t)b.dicts * sizeof(uint64_t));
+#endif
             for (Py_ssize_t i = 0; i < b.objects.len; i++) Py_INCREF(b.objects.items[i]);
             rec->shape = shared_shape(&b);
             for (Py_ssize_t i = 0; i < b.objects.len; i++) Py_DECREF(b.objects.items[i]);
             if (rec->shape == NULL) {
-                Py_DECREF(rec);
+                for (Py_ssize_t i = 0; i < nleaves; i++) Py_DECREF(rec->slots[i]);
+                Py_TYPE(rec)->tp_free((PyObject *)rec);
             } else {
                 out = (PyObject *)rec;
             }
@@ -251,6 +365,8 @@ static PyObject *record(PyObject *module, PyObject *const *args, Py_ssize_t narg
     PyMem_Free(b.code);
     PyMem_Free(b.leaves.items);
     PyMem_Free(b.objects.items);
+    PyMem_Free(b.containers.items);
+    PyMem_Free(b.versions);
     return out;
 }
 
@@ -379,19 +495,108 @@ static int walk(Cursor *c, PyObject *live) {
     }
 }
 
+#if USE_VERSIONS
+typedef struct {
+    const unsigned char *code;
+    PyObject *const *leaves, *const *objects, *const *containers;
+    const uint64_t *versions;
+} Fast;
+
+static int fast(Fast *f, PyObject *live);
+
+/* The next value of an unchanged dict: it is the very object recorded, so a leaf is passed
+ * over unread and a container is checked from its recorded address (the dict holds it). */
+static int pass(Fast *f) {
+    switch (*f->code) {
+    case TAG_STR:
+    case TAG_FRACTION:
+    case TAG_NUMBER:
+        f->code++;
+        f->leaves++;
+        return 1;
+    case TAG_CONST:
+        f->code++;
+        f->objects++;
+        return 1;
+    case TAG_NONE:
+    case TAG_TRUE:
+    case TAG_FALSE:
+        f->code++;
+        return 1;
+    case TAG_DICT:
+    case TAG_LIST:
+    case TAG_TUPLE:
+        return fast(f, *f->containers);
+    default:
+        return 0;
+    }
+}
+
+/* 1: `live` is provably what was recorded, every dict in it the very dict recorded at an
+ * unchanged version, every other value the very object recorded; 0: not provably (the full
+ * walk decides).  Only objects known to be alive are dereferenced: `live`, and what an
+ * unchanged dict holds.  The code was written with the record's slots, so they agree. */
+static int fast(Fast *f, PyObject *live) {
+    unsigned char tag = *f->code++;
+    Py_ssize_t n = 0;
+    switch (tag) {
+    case TAG_STR:
+    case TAG_FRACTION:
+    case TAG_NUMBER:
+        return live == *f->leaves++;
+    case TAG_CONST:
+        return live == *f->objects++;
+    case TAG_NONE:
+        return live == Py_None;
+    case TAG_TRUE:
+        return live == Py_True;
+    case TAG_FALSE:
+        return live == Py_False;
+    case TAG_DICT: {
+        PyObject *recorded = *f->containers++;
+        uint64_t version = *f->versions++;
+        read_varint(&f->code, f->code + 10, &n);
+        if (live != recorded || Py_TYPE(live) != &PyDict_Type || ((PyDictObject *)live)->ma_version_tag != version)
+            return 0;
+        for (Py_ssize_t i = 0; i < n; i++) {
+            f->objects++; /* the key */
+            if (!pass(f)) return 0;
+        }
+        return 1;
+    }
+    case TAG_LIST:
+    case TAG_TUPLE: {
+        f->containers++;
+        read_varint(&f->code, f->code + 10, &n);
+        /* A list has no version: its items are compared with the recorded ones, whatever list
+         * this is (another list holding the very same objects is the same content). */
+        if (Py_TYPE(live) != (tag == TAG_LIST ? &PyList_Type : &PyTuple_Type) || Py_SIZE(live) != n) return 0;
+        PyObject **items = tag == TAG_LIST ? ((PyListObject *)live)->ob_item : ((PyTupleObject *)live)->ob_item;
+        for (Py_ssize_t i = 0; i < n; i++)
+            if (!fast(f, items[i])) return 0;
+        return 1;
+    }
+    default:
+        return 0;
+    }
+}
+#endif
+
 /* 1: `live` is what `rec` recorded; 0: it is not (or `rec` is not a record). */
 static int matches(PyObject *rec, PyObject *live) {
     if (Py_TYPE(rec) != &RecordType) return 0;
     Record *r = (Record *)rec;
-    PyObject *shape = r->shape, *code = PyTuple_GET_ITEM(shape, 0);
-    Cursor c = {(const unsigned char *)PyBytes_AS_STRING(code),
-                (const unsigned char *)PyBytes_AS_STRING(code) + PyBytes_GET_SIZE(code),
-                ((PyTupleObject *)shape)->ob_item + 1,
-                0,
-                PyTuple_GET_SIZE(shape) - 1,
-                r->leaves,
-                0,
-                Py_SIZE(r)};
+    Counts counts;
+    const unsigned char *code, *end;
+    if (!record_layout(r, &counts, &code, &end)) return 0;
+    PyObject *const *objects = ((PyTupleObject *)r->shape)->ob_item + 1;
+    Py_ssize_t nobjects = PyTuple_GET_SIZE(r->shape) - 1;
+#if USE_VERSIONS
+    Fast f = {code, r->slots, objects, r->slots + counts.leaves,
+              (const uint64_t *)(r->slots + counts.leaves + counts.containers)};
+    if (fast(&f, live)) return 1;
+#endif
+    Cursor c = {code, end, objects, 0, nobjects, r->slots, 0, counts.leaves};
     /* The depth is bounded by the record's code: the live message is only walked where the
      * record has a container, however deep (or cyclic) the live message is. */
     return walk(&c, live) && c.code == c.end && c.leaf == c.nleaves && c.object == c.nobjects;
@@ -424,18 +629,7 @@ static PyObject *first_changed(PyObject *module, PyObject *const *args, Py_ssize
             PREFETCH(recs[i + 2 * AHEAD]);
             PREFETCH(live[i + 2 * AHEAD]);
         }
-        if (i + AHEAD < end) {
-            /* The message and record asked for AHEAD items ago are on their way: now what
-             * they point to, the dict's table and the record's leaves. */
-            PyObject *ahead = live[i + AHEAD], *rec = recs[i + AHEAD];
-            if (Py_TYPE(ahead) == &PyDict_Type) {
-                const char *keys = (const char *)((PyDictObject *)ahead)->ma_keys;
-                PREFETCH(keys);
-                PREFETCH(keys + 64);
-                PREFETCH(keys + 128);
-            }
-            PREFETCH((const char *)rec + 64);
-        }
+        if (i + AHEAD < end) PREFETCH((const char *)recs[i + AHEAD] + 64);
         if (!matches(recs[i], live[i])) return PyLong_FromSsize_t(i);
     }
     return PyLong_FromSsize_t(i < stop ? i : stop);

@@ -195,8 +195,9 @@ def test_aio_scenario(tmp_path: Path) -> None:
     ]
     _check_rows(cases)
     for row in cases:
-        assert len(row["rates"]) == 2 and row["writes"] == row["tasks"] * 2  # every flush of the median run
-        assert 1 <= row["commits"] <= row["writes"] and row["lag_max_ms"] >= 0
+        assert len(row["rates"]) == 2 and row["flushes"] == row["tasks"] * 2  # every flush of the median run
+        assert 1 <= row["commits"] <= row["writes"] <= row["flushes"] and row["lag_max_ms"] >= 0
+        assert row["flushes_per_commit"] == row["flushes"] / row["commits"]
         if row["tasks"] == 1:
             assert row["x_serial"] == 1
     idle = [row for row in result["rows"] if not row["tasks"]]
@@ -452,3 +453,20 @@ def test_the_import_floor_chains_what_a_flush_stores(tmp_path: Path) -> None:
     with EventLog.open(tmp_path / "log", durability="none") as log:
         assert log.flush("s", messages).head == head.hex()
     assert frontier.size == 1  # one leaf per flush, as the log's tree
+
+
+def test_projection_redaction_scenario(tmp_path: Path) -> None:
+    from benchmarks import bench_projection_redaction
+    from eventlog import EventLog
+
+    if not hasattr(EventLog, "redact"):
+        pytest.skip("EventLog.redact is not built yet")
+    result = bench_projection_redaction.run(scratch_dir=tmp_path, messages=300, rounds=1)
+    _check_rows(result["rows"])
+    assert [r["system"] for r in result["rows"]] == [
+        bench_projection_redaction.IN_PLACE,
+        bench_projection_redaction.EXCLUSIVE,
+        bench_projection_redaction.ERASING,
+    ]
+    assert all(r["runs"] == 1 and r["ratio"] > 0 for r in result["rows"])
+    print(bench_projection_redaction.render(result))

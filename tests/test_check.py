@@ -342,3 +342,35 @@ def test_keys_in_another_order_or_other_equal_objects_are_not_changes() -> None:
     assert c_says_unchanged(record, renamed)
     renamed[_Text("id")] = renamed.pop("content")  # a key of another type in the lookup path
     assert not c_says_unchanged(record, renamed)
+
+
+def test_a_dict_made_where_a_recorded_one_was_freed_is_not_taken_for_it() -> None:
+    """A record notes where its dicts were (a dict found there, unchanged, is not read again):
+    a new dict made at a freed one's address, as Python's allocator does at once, is checked."""
+    message: dict[str, Any] = {"role": "user", "meta": {"k": "v1"}, "parts": [{"k": "v1"}]}
+    record, copied = snapshot._check.record(message, MAX_DEPTH), snapshot.copy_message(message)
+    message["meta"] = None  # the recorded dict is freed
+    message["meta"] = {"k": "v2"}
+    message["parts"][0] = None
+    message["parts"][0] = {"k": "v2"}
+    assert not c_says_unchanged(record, message) and not python_says_unchanged(copied, message)
+    message["meta"]["k"] = message["parts"][0]["k"] = "v1"
+    assert c_says_unchanged(record, message) and python_says_unchanged(copied, message)
+
+
+def test_a_value_assigned_again_is_unchanged_and_a_list_edited_in_an_unchanged_dict_is_not() -> None:
+    content = "".join(["text"] * 30)
+    message: dict[str, Any] = {"role": "user", "content": content, "parts": ["a", ["b"]]}
+    record = snapshot._check.record(message, MAX_DEPTH)
+    message["content"] = content  # the very same object: the dict is unchanged
+    assert c_says_unchanged(record, message)
+    message["content"] = "".join(["text"] * 30)  # an equal string: the dict changed, its text did not
+    assert c_says_unchanged(record, message)
+    message["parts"][1].append("c")  # the dict holding the list is untouched
+    assert not c_says_unchanged(record, message)
+    message["parts"][1].pop()
+    assert c_says_unchanged(record, message)
+    message["parts"][1][0] = "".join(["b", "!"])[:1]
+    assert c_says_unchanged(record, message)
+    message["parts"][1][0] = "c"
+    assert not c_says_unchanged(record, message)
