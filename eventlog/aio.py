@@ -453,11 +453,7 @@ class AsyncEventLog:
         for item in self._pending:
             if item.done.cancelled():
                 continue  # cancelled before a worker took it: dropped
-            if (
-                len(batch) < limit
-                and item.session_id not in sessions
-                and (replace is None or item.replace is replace)
-            ):
+            if len(batch) < limit and item.session_id not in sessions and (replace is None or item.replace is replace):
                 replace = item.replace
                 sessions.add(item.session_id)
                 batch.append(item)
