@@ -41,8 +41,8 @@
 
 /* On CPython 3.11 a dict's ma_version_tag (PEP 509) changes with every change to the dict, to a
  * value no dict had before: a dict at the recorded address with the recorded version is the
- * recorded dict, unchanged, and its entries need not be read.  (3.12 deprecates the field and
- * later versions drop it; there every dict is read.) */
+ * recorded dict, unchanged, and its entries need not be read.  (3.12 deprecates the field: from
+ * 3.12 on, and where pointers are not 64 bits, every dict is read.) */
 #if PY_VERSION_HEX >= 0x030B0000 && PY_VERSION_HEX < 0x030C0000 && SIZEOF_VOID_P == 8
 #define USE_VERSIONS 1
 #else
@@ -77,7 +77,7 @@ typedef struct {
 } Counts;
 
 typedef struct {
-    PyObject_VAR_HEAD   /* ob_size: how many slots */
+    PyObject_HEAD       /* no size of its own: the shape's counts say how many slots follow */
     PyObject *shape;    /* tuple: (code bytes, key or constant objects in pre-order) */
     /* The leaves (strong references), then with USE_VERSIONS each container's address (never
      * dereferenced unless its parent dict is unchanged, which then holds it) and each dict's
@@ -99,7 +99,7 @@ static int read_varint(const unsigned char **code, const unsigned char *end, Py_
     return 1;
 }
 
-/* The record's counts, its code after them, and whether its slots are as many as they say. */
+/* The record's counts and its code after them. */
 static int record_layout(Record *r, Counts *counts, const unsigned char **code, const unsigned char **end) {
     PyObject *bytes = PyTuple_GET_ITEM(r->shape, 0);
     *code = (const unsigned char *)PyBytes_AS_STRING(bytes);
@@ -107,7 +107,7 @@ static int record_layout(Record *r, Counts *counts, const unsigned char **code, 
     if (!read_varint(code, *end, &counts->leaves) || !read_varint(code, *end, &counts->containers) ||
         !read_varint(code, *end, &counts->dicts))
         return 0;
-    return Py_SIZE(r) == counts->leaves + (USE_VERSIONS ? counts->containers + counts->dicts : 0);
+    return 1;
 }
 
 static void record_dealloc(Record *self) {
@@ -121,14 +121,18 @@ static void record_dealloc(Record *self) {
     Py_TYPE(self)->tp_free((PyObject *)self);
 }
 
-static PyObject *record_repr(Record *self) { return PyUnicode_FromFormat("<record of %zd slots>", Py_SIZE(self)); }
+static PyObject *record_repr(Record *self) {
+    Counts counts;
+    const unsigned char *code, *end;
+    if (!record_layout(self, &counts, &code, &end)) counts.leaves = 0;
+    return PyUnicode_FromFormat("<eventlog._check.Record, %zd leaves>", counts.leaves);
+}
 
 /* Not tracked by the garbage collector: a record refers only to strings, ints, floats and
  * its shape (a tuple of bytes and strings), none of which can refer back to anything. */
 static PyTypeObject RecordType = {
     PyVarObject_HEAD_INIT(NULL, 0).tp_name = "eventlog._check.Record",
     .tp_basicsize = offsetof(Record, slots),
-    .tp_itemsize = sizeof(PyObject *),
     .tp_dealloc = (destructor)record_dealloc,
     .tp_repr = (reprfunc)record_repr,
     .tp_flags = Py_TPFLAGS_DEFAULT,
@@ -336,8 +340,11 @@ static PyObject *record(PyObject *module, PyObject *const *args, Py_ssize_t narg
         slots += b.containers.len + b.dicts;
 #endif
         /* Own every leaf and object first: allocating the shape may run the garbage collector. */
-        Record *rec = PyObject_NewVar(Record, &RecordType, slots);
-        if (rec != NULL) {
+        Record *rec = PyObject_Malloc(offsetof(Record, slots) + (size_t)slots * sizeof(PyObject *));
+        if (rec == NULL) {
+            PyErr_NoMemory();
+        } else {
+            PyObject_Init((PyObject *)rec, &RecordType);
             rec->shape = NULL;
             for (Py_ssize_t i = 0; i < nleaves; i++) rec->slots[i] = Py_NewRef(b.leaves.items[i]);
 #if USE_VERSIONS

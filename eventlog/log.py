@@ -107,7 +107,7 @@ def _holding(locks: list[Any], run: Callable[[], T]) -> T:
 
 def _room(prepared: Prepared, stored: int) -> int:
     """Bytes a write of ``prepared`` onto ``stored`` messages may add to the map, at most."""
-    nbytes = sum(len(body) for body in prepared.bodies[stored:] if body is not None) + 200 * len(prepared.bodies)
+    nbytes = sum(map(len, filter(None, prepared.bodies[stored:]))) + 200 * len(prepared.bodies)
     if stored < prepared.released:  # bodies let go will be encoded again: count them at their average size
         nbytes += prepared.released_bytes * (prepared.released - stored) // prepared.released
     return nbytes
