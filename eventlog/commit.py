@@ -293,11 +293,6 @@ class GroupCommit:
             group = [r for r in group if not r.abandoned]
             if not group:
                 return
-        try:
-            self.target.check_identity()
-        except CorruptLogError as e:
-            _fail(group, e)
-            return
         if self.commits % READER_CHECK_EVERY == READER_CHECK_EVERY - 1:
             self.target.env.reader_check()
         while True:
@@ -311,6 +306,14 @@ class GroupCommit:
                     return
                 grow_to = 0
                 if txn is not None:
+                    try:
+                        # Checked holding the writer lock: a file swapped in under it (a compacting
+                        # copy, see Store.vacuum) is seen here, never written to through the old map.
+                        self.target.check_identity()
+                    except CorruptLogError as e:
+                        txn.abort()
+                        _fail(group, e)
+                        return
                     self.tip.pending = None  # this transaction's own, for _landed()
                     try:
                         if self.target.space is not None:
