@@ -197,11 +197,12 @@ def verify_proof(proof: str, keys: tuple[str, ...]) -> None:
 @click.argument("session")
 @click.argument("position", type=click.IntRange(min=0))
 @click.option("--reason", required=True, help="Why the content is erased (kept in the log's redaction event).")
-@click.option("--by", "by", default="", help="Who erases it (kept in the redaction event).")
+@click.option("--by", "by", default="", metavar="WHO", help="Who erases it (kept in the redaction event).")
 @click.option(
     "--seq",
     "seq",
     type=click.IntRange(min=1),
+    metavar="SEQ",
     help="POSITION is of the occurrence event SEQ made live (see `eventlog history`), tombstoned or not.",
 )
 @click.option(

@@ -25,7 +25,7 @@ from typing import Any, Protocol, TypeVar
 
 import lmdb
 
-from .errors import CorruptLogError, EventLogError, StorageFullError, translate
+from .errors import EventLogError, StorageFullError, translate
 from .keys import SEQ, event_hash
 from .space import ZeroedSpace
 
@@ -306,16 +306,11 @@ class GroupCommit:
                     return
                 grow_to = 0
                 if txn is not None:
-                    try:
-                        # Checked holding the writer lock: a file swapped in under it (a compacting
-                        # copy, see Store.vacuum) is seen here, never written to through the old map.
-                        self.target.check_identity()
-                    except CorruptLogError as e:
-                        txn.abort()
-                        _fail(group, e)
-                        return
                     self.tip.pending = None  # this transaction's own, for _landed()
                     try:
+                        # Checked holding the writer lock: a data file swapped in under it (a
+                        # compacting copy, see Store.vacuum) is seen here, never written through the old map.
+                        self.target.check_identity()
                         if self.target.space is not None:
                             self.target.space.extend(self.target.env.info(), self.commits)
                         self._run_group(txn, group)

@@ -316,8 +316,8 @@ def _rewrite(
     prev = b""
     tail = (0, bytes(32))
     cursor = txn.cursor(db=store.events)
-    updates: list[tuple[bytes, bytes]] = []
     for key, value in cursor:
+        key = bytes(key)
         seq = store.seq_of(key)
         raw = bytes(value)
         event = store.decode(seq, raw)
@@ -333,11 +333,9 @@ def _rewrite(
         derived = _derive(seq, event, chains, targets)
         payload = raw[HEADER.size :] if derived is event else ev.encoder.encode(derived)
         raw = HEADER.pack(prev, time_ns, kind, number, before) + payload
-        updates.append((bytes(key), raw))
+        cursor.put(key, raw)  # in place: the cursor stays on this event and goes on from it
         prev = event_hash(seq, raw)
         last[number] = tail = (seq, prev)
-    for key, raw in updates:
-        txn.put(key, raw, db=store.events)
     for session in touched:
         number = numbers.get(session)
         if number is None:

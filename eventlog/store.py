@@ -470,15 +470,16 @@ class Store:
             except lmdb.Error as e:
                 raise translate(e, self.path) from e
             try:
+                copy = os.path.join(scratch, "data.mdb")
+                # Our own file descriptor, not env.copy(path): that one writes with O_DIRECT, a
+                # synchronous write per megabyte (measured: several times slower than one sync).
+                fd = os.open(copy, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_CLOEXEC", 0), mode)
                 try:
-                    self.env.copy(scratch, compact=True)
+                    self.env.copyfd(fd, compact=True)
+                    os.fchmod(fd, mode)
+                    os.fsync(fd)
                 except lmdb.Error as e:
                     raise translate(e, self.path) from e
-                copy = os.path.join(scratch, "data.mdb")
-                os.chmod(copy, mode)
-                fd = os.open(copy, os.O_RDONLY)
-                try:
-                    os.fsync(fd)
                 finally:
                     os.close(fd)
                 os.replace(copy, data)
