@@ -1,10 +1,16 @@
-"""The optional C accelerator of the default mode's edit check (``eventlog._check``).
+"""The optional C accelerators: the default mode's edit check (``eventlog._check``) and the
+batch check of a bulk flush (``eventlog._plain``).
 
-Everything else is configured in pyproject.toml.  The extension is optional: where no C
-compiler is available the build goes on without it and the pure-Python check, which gives
-the same answers, is used.
+Everything else is configured in pyproject.toml.  The extensions are optional: where no C
+compiler is available the build goes on without them and the pure-Python checks, which give
+the same answers, are used.
 """
 
 from setuptools import Extension, setup
 
-setup(ext_modules=[Extension("eventlog._check", ["eventlog/_check.c"], optional=True)])
+setup(
+    ext_modules=[
+        Extension("eventlog._check", ["eventlog/_check.c"], optional=True),
+        Extension("eventlog._plain", ["eventlog/_plain.c"], optional=True),
+    ]
+)

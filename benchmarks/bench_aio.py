@@ -5,8 +5,9 @@ by one agent turn (10 messages) at a time, awaiting ``AsyncEventLog.flush`` of i
 after every turn, durability ``full`` (and once ``process``).  All tasks start together.
 Against it, in the same run: one task doing the same turns alone (the serial rate).
 Reported for each case: total turns/s (turns flushed / wall time), the multiple of the
-serial rate (goal: 64 tasks >= 2.5x), flush latency percentiles, commits and writes (more
-writes than commits: group commit merged them), and the event loop's lag while the tasks
+serial rate (goal: 64 tasks >= 2.5x), flush latency percentiles, flushes per commit (the
+tasks' flushes a commit carried: batches and group commit) and writes per commit (a batch of
+flushes is one write; more writes than commits: group commit merged them), and the event loop's lag while the tasks
 ran: a monitor task asks to wake every millisecond and records how late each wake-up comes;
 the worst and the 99th percentile are reported (goal: worst <= 5 ms).  Every case runs
 three times (``--quick``: once), round by round in a shuffled order; the median run is shown.
@@ -145,6 +146,8 @@ def run(
         row.update(summary([s for r in done for s in r["latencies"]], MESSAGES_PER_TURN))
         row["turns_per_s"] = middle["turns_per_s"]
         row["rates"] = [r["turns_per_s"] for r in done]
+        row["flushes"] = n * turns
+        row["flushes_per_commit"] = n * turns / middle["commits"] if middle["commits"] else None
         row["writes_per_commit"] = middle["writes"] / middle["commits"] if middle["commits"] else None
         row["commits"], row["writes"] = middle["commits"], middle["writes"]
         row["lag_max_ms"] = max(r["lag_max_ms"] for r in done)
@@ -184,6 +187,7 @@ COLUMNS = [
     ("x_serial_range", "x range (same round)"),
     ("median_ms", "flush median ms"),
     ("p99_ms", "p99 ms"),
+    ("flushes_per_commit", "flushes/commit"),
     ("writes_per_commit", "writes/commit"),
     ("lag_p99_ms", "loop lag p99 ms"),
     ("lag_p999_ms", "p99.9 ms"),

@@ -1,4 +1,4 @@
-"""Concurrent writers: 1, 2, 4, 8 threads and 2, 4 processes flushing different sessions of one log.
+"""Concurrent writers: 1, 2, 4, 8 threads and 2, 4, 8 processes flushing different sessions of one log.
 
 What it measures: each writer owns one session and grows it by 10 messages per
 turn for a fixed number of turns, flushing the whole list each turn (default
@@ -38,7 +38,7 @@ from benchmarks.workload import MESSAGES_PER_TURN, Workload
 from eventlog import EventLog
 
 THREADS = (1, 2, 4, 8)
-PROCESSES = (2, 4)
+PROCESSES = (2, 4, 8)
 
 
 def _turns(writer: int, turns: int) -> list[tuple[list[dict[str, Any]], list[dict[str, Any]]]]:

@@ -600,7 +600,7 @@ class TranscriptFloor(InPlaceCheckFloor):
         self.seq += 1
         start = len(messages) - len(new)
         self.rows = [
-            (session_id, start + i, self.seq, i, ZERO, ZERO, self.seq, i, 0, self.seq, *self.derive(m, None))
+            (session_id, start + i, self.seq, i, ZERO, ZERO, self.seq, i, 0, self.seq, None, *self.derive(m, None))
             for i, m in enumerate(new)
         ]
 

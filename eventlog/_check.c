@@ -1,16 +1,34 @@
 /* The default mode's in-place edit check, in C.
  *
- * A flushed message is remembered as a *record*: one tuple whose first item is a bytes
- * "shape" (the message's containers and leaf kinds in pre-order, with lengths) and whose
- * other items are the message's leaves (dict keys, strings, numbers) as the very objects
- * the caller gave.  The tuple holds those objects, so none of their addresses can be
- * reused while the record lives.  `first_changed` walks each live message beside its
- * record: a leaf that is the same object is unchanged (strings and numbers are
- * immutable); one that is not is compared exactly (same type, same value, same sign of
- * zero), so nothing whose canonical bytes differ ever passes, and containers are checked
- * entry by entry.  No Python code runs during a walk: only exact dicts, lists, tuples,
- * strings, ints, floats, bools and None are recorded (anything else makes the message
- * unrecordable, and the caller re-encodes it every time).
+ * A flushed message is remembered as a *record*: a small object holding a *shape* and the
+ * message's value leaves (its strings and numbers, the very objects the caller gave) in
+ * pre-order.  The shape is shared by every message of one kind ({"role", "content",
+ * "timestamp"}, a tool call ...): a bytes code of the message's containers and leaf kinds
+ * with their lengths, and the objects every such message has in common, its dict keys and
+ * its interned strings (a role, a tool's name, a finish reason).  A record holds a strong
+ * reference to each of its leaves and to its shape, which holds its own objects, so no
+ * address a record compares with can be reused while the record lives.
+ *
+ * `first_changed` walks each live message beside its record.  A leaf that is the same
+ * object is unchanged (strings and numbers are immutable) and costs one pointer
+ * comparison; the text itself is never read.  One that is not is compared exactly: the
+ * same type (exact str, int, float, bool: never a subclass, a Decimal or another number
+ * type), the same value, the same sign of zero.  So nothing whose canonical bytes differ
+ * ever passes.  Containers must be the exact dict, list or tuple recorded, of the same
+ * length, and a dict's keys the same (in any order: canonical bytes sort them).
+ *
+ * On CPython 3.11 most of that walk is skipped: a record also notes the address of each
+ * container and each dict's version (see USE_VERSIONS), and a dict found at its recorded
+ * address with its recorded version is the recorded dict, unchanged, so none of its entries is
+ * read; its nested containers are checked from their recorded addresses (the unchanged dict
+ * holds them), a list's items by identity.  Anything else falls back to the walk above.
+ *
+ * No Python code runs during a walk, nor can the garbage collector: only exact built-in
+ * types are looked at, compared with C functions that call no Python code and allocate
+ * nothing.  So the messages cannot change under the walk and it needs no references of its
+ * own.  Only exact dicts (with exact str keys), lists, tuples, strings, ints, floats, bools
+ * and None are recorded, nested at most `max_depth` deep (a cycle is nesting without end);
+ * anything else makes the message unrecordable, and the caller re-encodes it every time.
  *
  * eventlog/snapshot.py holds the pure-Python check with the same answers (copies compared
  * with ==); the test suite fuzzes the two against each other.
@@ -18,37 +36,137 @@
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
 #include <math.h>
+#include <stddef.h>
 #include <string.h>
 
+/* On CPython 3.11 a dict's ma_version_tag (PEP 509) changes with every change to the dict, to a
+ * value no dict had before: a dict at the recorded address with the recorded version is the
+ * recorded dict, unchanged, and its entries need not be read.  (3.12 deprecates the field: from
+ * 3.12 on, and where pointers are not 64 bits, every dict is read.) */
+#if PY_VERSION_HEX >= 0x030B0000 && PY_VERSION_HEX < 0x030C0000 && SIZEOF_VOID_P == 8
+#define USE_VERSIONS 1
+#else
+#define USE_VERSIONS 0
+#endif
+
+#if defined(__GNUC__) || defined(__clang__)
+#define PREFETCH(p) __builtin_prefetch((const void *)(p))
+#else
+#define PREFETCH(p) ((void)0)
+#endif
+
 enum {
-    TAG_DICT = 'd',
-    TAG_LIST = 'l',
-    TAG_TUPLE = 't',
-    TAG_STR = 's',
+    TAG_DICT = 'd',     /* + length; then per entry its key (a shape object) and its value */
+    TAG_LIST = 'l',     /* + length; then its items */
+    TAG_TUPLE = 't',    /* + length; then its items */
+    TAG_STR = 's',      /* a string leaf of the record */
+    TAG_CONST = 'k',    /* an interned string, held by the shape */
     TAG_NONE = 'z',
+    TAG_TRUE = 'T',
+    TAG_FALSE = 'F',
     TAG_FRACTION = 'f', /* a float with a fraction: no int, bool or other float equals it */
-    TAG_NUMBER = 'n',   /* int, bool or whole float: equal only to one of its type, value and sign */
+    TAG_NUMBER = 'n',   /* int or whole float: equal only to one of its type, value and sign */
 };
 
+/* ---- records ---------------------------------------------------------------------------- */
+
+/* A shape's code starts with three lengths: how many leaves, containers and dicts a record of
+ * that shape holds; then the tags in pre-order. */
 typedef struct {
-    unsigned char *data;
+    Py_ssize_t leaves, containers, dicts;
+} Counts;
+
+typedef struct {
+    PyObject_HEAD       /* no size of its own: the shape's counts say how many slots follow */
+    PyObject *shape;    /* tuple: (code bytes, key or constant objects in pre-order) */
+    /* The leaves (strong references), then with USE_VERSIONS each container's address (never
+     * dereferenced unless its parent dict is unchanged, which then holds it) and each dict's
+     * version, in pre-order. */
+    PyObject *slots[1];
+} Record;
+
+static int read_varint(const unsigned char **code, const unsigned char *end, Py_ssize_t *n) {
+    Py_ssize_t value = 0;
+    int shift = 0;
+    for (;;) {
+        if (*code >= end || shift > 56) return 0;
+        unsigned char byte = *(*code)++;
+        value |= (Py_ssize_t)(byte & 0x7f) << shift;
+        if (!(byte & 0x80)) break;
+        shift += 7;
+    }
+    *n = value;
+    return 1;
+}
+
+/* The record's counts and its code after them. */
+static int record_layout(Record *r, Counts *counts, const unsigned char **code, const unsigned char **end) {
+    PyObject *bytes = PyTuple_GET_ITEM(r->shape, 0);
+    *code = (const unsigned char *)PyBytes_AS_STRING(bytes);
+    *end = *code + PyBytes_GET_SIZE(bytes);
+    if (!read_varint(code, *end, &counts->leaves) || !read_varint(code, *end, &counts->containers) ||
+        !read_varint(code, *end, &counts->dicts))
+        return 0;
+    return 1;
+}
+
+static void record_dealloc(Record *self) {
+    Counts counts;
+    const unsigned char *code, *end;
+    if (self->shape != NULL) {
+        Py_ssize_t n = record_layout(self, &counts, &code, &end) ? counts.leaves : 0;
+        for (Py_ssize_t i = 0; i < n; i++) Py_DECREF(self->slots[i]);
+        Py_DECREF(self->shape);
+    }
+    Py_TYPE(self)->tp_free((PyObject *)self);
+}
+
+static PyObject *record_repr(Record *self) {
+    Counts counts;
+    const unsigned char *code, *end;
+    if (!record_layout(self, &counts, &code, &end)) counts.leaves = 0;
+    return PyUnicode_FromFormat("<eventlog._check.Record, %zd leaves>", counts.leaves);
+}
+
+/* Not tracked by the garbage collector: a record refers only to strings, ints, floats and
+ * its shape (a tuple of bytes and strings), none of which can refer back to anything. */
+static PyTypeObject RecordType = {
+    PyVarObject_HEAD_INIT(NULL, 0).tp_name = "eventlog._check.Record",
+    .tp_basicsize = offsetof(Record, slots),
+    .tp_dealloc = (destructor)record_dealloc,
+    .tp_repr = (reprfunc)record_repr,
+    .tp_flags = Py_TPFLAGS_DEFAULT,
+    .tp_doc = "What a message was when it was flushed (see record()).",
+};
+
+/* ---- building a record ------------------------------------------------------------------ */
+
+typedef struct {
+    PyObject **items;
     Py_ssize_t len, cap;
-    PyObject *leaves; /* list */
+} Refs; /* borrowed while the message is walked: no Python code runs meanwhile */
+
+typedef struct {
+    unsigned char *code;
+    Py_ssize_t len, cap;
+    Refs leaves, objects, containers;
+    uint64_t *versions;
+    Py_ssize_t dicts, dicts_cap;
     int max_depth;
 } Builder;
 
 static int put_byte(Builder *b, unsigned char c) {
     if (b->len == b->cap) {
         Py_ssize_t cap = b->cap ? b->cap * 2 : 64;
-        unsigned char *grown = PyMem_Realloc(b->data, (size_t)cap);
+        unsigned char *grown = PyMem_Realloc(b->code, (size_t)cap);
         if (grown == NULL) {
             PyErr_NoMemory();
             return -1;
         }
-        b->data = grown;
+        b->code = grown;
         b->cap = cap;
     }
-    b->data[b->len++] = c;
+    b->code[b->len++] = c;
     return 0;
 }
 
@@ -61,62 +179,131 @@ static int put_length(Builder *b, Py_ssize_t n) {
     return 0;
 }
 
-/* 1: recorded; 0: not recordable; -1: error set. */
+static int put_ref(Refs *r, PyObject *value) {
+    if (r->len == r->cap) {
+        Py_ssize_t cap = r->cap ? r->cap * 2 : 16;
+        PyObject **grown = PyMem_Realloc(r->items, (size_t)cap * sizeof(PyObject *));
+        if (grown == NULL) {
+            PyErr_NoMemory();
+            return -1;
+        }
+        r->items = grown;
+        r->cap = cap;
+    }
+    r->items[r->len++] = value;
+    return 0;
+}
+
+static int put_container(Builder *b, PyObject *value) {
+    if (put_ref(&b->containers, value) < 0) return -1;
+#if USE_VERSIONS
+    if (Py_TYPE(value) == &PyDict_Type) {
+        if (b->dicts == b->dicts_cap) {
+            Py_ssize_t cap = b->dicts_cap ? b->dicts_cap * 2 : 8;
+            uint64_t *grown = PyMem_Realloc(b->versions, (size_t)cap * sizeof(uint64_t));
+            if (grown == NULL) {
+                PyErr_NoMemory();
+                return -1;
+            }
+            b->versions = grown;
+            b->dicts_cap = cap;
+        }
+        b->versions[b->dicts++] = ((PyDictObject *)value)->ma_version_tag;
+    }
+#else
+    if (Py_TYPE(value) == &PyDict_Type) b->dicts++;
+#endif
+    return 0;
+}
+
+/* 1: recorded; 0: not recordable; -1: error set.  Allocates nothing the garbage collector
+ * tracks (it could run Python code, which could change the message under the walk). */
 static int build(Builder *b, PyObject *value, int depth) {
     PyTypeObject *type = Py_TYPE(value);
     if (type == &PyUnicode_Type) {
-        if (put_byte(b, TAG_STR) < 0) return -1;
-        return PyList_Append(b->leaves, value) < 0 ? -1 : 1;
-    }
-    if (value == Py_None) return put_byte(b, TAG_NONE) < 0 ? -1 : 1;
-    if (depth > b->max_depth) return 0;
-    if (type == &PyDict_Type || type == &PyList_Type || type == &PyTuple_Type) {
-        if (type == &PyDict_Type) {
-            Py_ssize_t pos = 0;
-            PyObject *key, *item;
-            if (put_byte(b, TAG_DICT) < 0 || put_length(b, PyDict_GET_SIZE(value)) < 0) return -1;
-            while (PyDict_Next(value, &pos, &key, &item)) {
-                int r;
-                if (Py_TYPE(key) != &PyUnicode_Type) return 0;
-                if (PyList_Append(b->leaves, key) < 0) return -1;
-                Py_INCREF(item);
-                r = build(b, item, depth + 1);
-                Py_DECREF(item);
-                if (r != 1) return r;
-            }
+        if (PyUnicode_CHECK_INTERNED(value)) {
+            if (put_byte(b, TAG_CONST) < 0 || put_ref(&b->objects, value) < 0) return -1;
             return 1;
         }
+        if (put_byte(b, TAG_STR) < 0 || put_ref(&b->leaves, value) < 0) return -1;
+        return 1;
+    }
+    if (value == Py_None) return put_byte(b, TAG_NONE) < 0 ? -1 : 1;
+    if (depth > b->max_depth) return 0; /* as the pure-Python copy: strings and None at any depth */
+    if (value == Py_True) return put_byte(b, TAG_TRUE) < 0 ? -1 : 1;
+    if (value == Py_False) return put_byte(b, TAG_FALSE) < 0 ? -1 : 1;
+    if (type == &PyFloat_Type) {
+        double x = PyFloat_AS_DOUBLE(value);
+        int fraction = isnan(x) || isinf(x) || fmod(x, 1.0) != 0.0; /* as Python's `value % 1.0` is truthy */
+        if (put_byte(b, fraction ? TAG_FRACTION : TAG_NUMBER) < 0 || put_ref(&b->leaves, value) < 0) return -1;
+        return 1;
+    }
+    if (type == &PyLong_Type) {
+        if (put_byte(b, TAG_NUMBER) < 0 || put_ref(&b->leaves, value) < 0) return -1;
+        return 1;
+    }
+    if (type == &PyDict_Type) {
+        Py_ssize_t pos = 0;
+        PyObject *key, *item;
+        if (put_byte(b, TAG_DICT) < 0 || put_length(b, PyDict_GET_SIZE(value)) < 0 || put_container(b, value) < 0)
+            return -1;
+        while (PyDict_Next(value, &pos, &key, &item)) {
+            int r;
+            if (Py_TYPE(key) != &PyUnicode_Type) return 0;
+            if (put_ref(&b->objects, key) < 0) return -1;
+            if ((r = build(b, item, depth + 1)) != 1) return r;
+        }
+        return 1;
+    }
+    if (type == &PyList_Type || type == &PyTuple_Type) {
         Py_ssize_t n = Py_SIZE(value);
         PyObject **items = type == &PyList_Type ? ((PyListObject *)value)->ob_item : ((PyTupleObject *)value)->ob_item;
-        if (put_byte(b, type == &PyList_Type ? TAG_LIST : TAG_TUPLE) < 0 || put_length(b, n) < 0) return -1;
+        if (put_byte(b, type == &PyList_Type ? TAG_LIST : TAG_TUPLE) < 0 || put_length(b, n) < 0 ||
+            put_container(b, value) < 0)
+            return -1;
         for (Py_ssize_t i = 0; i < n; i++) {
             int r = build(b, items[i], depth + 1);
             if (r != 1) return r;
         }
         return 1;
     }
-    if (type == &PyFloat_Type) {
-        double x = PyFloat_AS_DOUBLE(value);
-        int fraction = isnan(x) || isinf(x) || fmod(x, 1.0) != 0.0; /* as Python's `value % 1.0` is truthy */
-        if (put_byte(b, fraction ? TAG_FRACTION : TAG_NUMBER) < 0) return -1;
-        return PyList_Append(b->leaves, value) < 0 ? -1 : 1;
-    }
-    if (type == &PyLong_Type || type == &PyBool_Type) {
-        if (put_byte(b, TAG_NUMBER) < 0) return -1;
-        return PyList_Append(b->leaves, value) < 0 ? -1 : 1;
-    }
     return 0;
 }
 
-/* Messages of one kind share one shape ({"role", "content", "timestamp"}, a tool call ...):
- * one bytes object per shape, not per message, saves memory and keeps the shapes walked in
- * a flush hot in the CPU's cache.  Bounded, so odd messages cannot grow it without end. */
+/* Messages of one kind share one shape: one tuple per kind, not per message, saves memory
+ * and keeps the shapes walked in a flush hot in the CPU's cache.  Bounded, so odd messages
+ * cannot grow the table without end (beyond it, a record has a shape of its own). */
 #define SHAPES_KEPT 4096
 static PyObject *shapes; /* dict: shape -> the same shape */
 
-static PyObject *shared_shape(const unsigned char *data, Py_ssize_t len) {
-    PyObject *shape = PyBytes_FromStringAndSize((const char *)data, len), *found;
-    if (shape == NULL || shapes == NULL) return shape;
+static unsigned char *put_varint(unsigned char *out, Py_ssize_t n) {
+    do {
+        unsigned char c = (unsigned char)(n & 0x7f);
+        n >>= 7;
+        *out++ = n ? (unsigned char)(c | 0x80) : c;
+    } while (n);
+    return out;
+}
+
+/* A new reference to the shared shape for the builder's code and objects (owned by the caller). */
+static PyObject *shared_shape(Builder *b) {
+    unsigned char header[30], *at = header, *code;
+    at = put_varint(at, b->leaves.len);
+    at = put_varint(at, b->containers.len);
+    at = put_varint(at, b->dicts);
+    PyObject *shape = PyTuple_New(b->objects.len + 1), *found, *bytes;
+    if (shape == NULL) return NULL;
+    bytes = PyBytes_FromStringAndSize(NULL, (at - header) + b->len);
+    if (bytes == NULL) {
+        Py_DECREF(shape);
+        return NULL;
+    }
+    code = (unsigned char *)PyBytes_AS_STRING(bytes);
+    memcpy(code, header, (size_t)(at - header));
+    memcpy(code + (at - header), b->code, (size_t)b->len);
+    PyTuple_SET_ITEM(shape, 0, bytes);
+    for (Py_ssize_t i = 0; i < b->objects.len; i++) PyTuple_SET_ITEM(shape, i + 1, Py_NewRef(b->objects.items[i]));
+    /* A tuple of bytes and exact strings: hashing and comparing it runs no Python code. */
     found = PyDict_GetItemWithError(shapes, shape);
     if (found != NULL) {
         Py_DECREF(shape);
@@ -134,47 +321,62 @@ static PyObject *shared_shape(const unsigned char *data, Py_ssize_t len) {
 }
 
 static PyObject *record(PyObject *module, PyObject *const *args, Py_ssize_t nargs) {
-    int max_depth;
     if (nargs != 2) {
         PyErr_SetString(PyExc_TypeError, "record(message, max_depth)");
         return NULL;
     }
     long depth = PyLong_AsLong(args[1]);
     if (depth == -1 && PyErr_Occurred()) return NULL;
-    max_depth = depth > 1000 ? 1000 : (int)depth;
     if (Py_TYPE(args[0]) != &PyDict_Type) Py_RETURN_NONE;
-    Builder b = {NULL, 0, 0, PyList_New(0), max_depth};
-    if (b.leaves == NULL) return NULL;
-    int r = build(&b, args[0], 0);
+    Builder b = {0};
+    b.max_depth = depth < 0 ? 0 : depth > 1000 ? 1000 : (int)depth;
     PyObject *out = NULL;
-    if (r == 1) {
-        Py_ssize_t n = PyList_GET_SIZE(b.leaves);
-        out = PyTuple_New(n + 1);
-        if (out != NULL) {
-            PyObject *shape = shared_shape(b.data, b.len);
-            if (shape == NULL) {
-                Py_CLEAR(out);
+    int r = build(&b, args[0], 0);
+    if (r == 0) {
+        out = Py_NewRef(Py_None);
+    } else if (r == 1) {
+        Py_ssize_t nleaves = b.leaves.len, slots = nleaves;
+#if USE_VERSIONS
+        slots += b.containers.len + b.dicts;
+#endif
+        /* Own every leaf and object first: allocating the shape may run the garbage collector. */
+        Record *rec = PyObject_Malloc(offsetof(Record, slots) + (size_t)slots * sizeof(PyObject *));
+        if (rec == NULL) {
+            PyErr_NoMemory();
+        } else {
+            PyObject_Init((PyObject *)rec, &RecordType);
+            rec->shape = NULL;
+            for (Py_ssize_t i = 0; i < nleaves; i++) rec->slots[i] = Py_NewRef(b.leaves.items[i]);
+#if USE_VERSIONS
+            memcpy(rec->slots + nleaves, b.containers.items, (size_t)b.containers.len * sizeof(PyObject *));
+            memcpy(rec->slots + nleaves + b.containers.len, b.versions, (size_t)b.dicts * sizeof(uint64_t));
+#endif
+            for (Py_ssize_t i = 0; i < b.objects.len; i++) Py_INCREF(b.objects.items[i]);
+            rec->shape = shared_shape(&b);
+            for (Py_ssize_t i = 0; i < b.objects.len; i++) Py_DECREF(b.objects.items[i]);
+            if (rec->shape == NULL) {
+                for (Py_ssize_t i = 0; i < nleaves; i++) Py_DECREF(rec->slots[i]);
+                Py_TYPE(rec)->tp_free((PyObject *)rec);
             } else {
-                PyTuple_SET_ITEM(out, 0, shape);
-                for (Py_ssize_t i = 0; i < n; i++) {
-                    PyObject *leaf = PyList_GET_ITEM(b.leaves, i);
-                    Py_INCREF(leaf);
-                    PyTuple_SET_ITEM(out, i + 1, leaf);
-                }
+                out = (PyObject *)rec;
             }
         }
-    } else if (r == 0) {
-        out = Py_NewRef(Py_None);
     }
-    PyMem_Free(b.data);
-    Py_DECREF(b.leaves);
+    PyMem_Free(b.code);
+    PyMem_Free(b.leaves.items);
+    PyMem_Free(b.objects.items);
+    PyMem_Free(b.containers.items);
+    PyMem_Free(b.versions);
     return out;
 }
 
+/* ---- checking a message against its record ---------------------------------------------- */
+
 typedef struct {
-    const unsigned char *shape;
-    Py_ssize_t pos, len;
-    PyObject **leaves;
+    const unsigned char *code, *end;
+    PyObject *const *objects;
+    Py_ssize_t object, nobjects;
+    PyObject *const *leaves;
     Py_ssize_t leaf, nleaves;
 } Cursor;
 
@@ -182,8 +384,8 @@ static int read_length(Cursor *c, Py_ssize_t *n) {
     Py_ssize_t value = 0;
     int shift = 0;
     for (;;) {
-        if (c->pos >= c->len || shift > 56) return 0;
-        unsigned char byte = c->shape[c->pos++];
+        if (c->code >= c->end || shift > 56) return 0;
+        unsigned char byte = *c->code++;
         value |= (Py_ssize_t)(byte & 0x7f) << shift;
         if (!(byte & 0x80)) break;
         shift += 7;
@@ -192,7 +394,17 @@ static int read_length(Cursor *c, Py_ssize_t *n) {
     return 1;
 }
 
-static PyObject *next_leaf(Cursor *c) { return c->leaf < c->nleaves ? c->leaves[c->leaf++] : NULL; }
+/* Two exact strings of the same text (PyUnicode_Compare on exact strings runs no Python code
+ * and, unlike ==, allocates nothing). */
+static int same_text(PyObject *a, PyObject *b) {
+    if (a == b) return 1;
+    if (Py_TYPE(b) != &PyUnicode_Type) return 0;
+#if PY_VERSION_HEX < 0x030C0000
+    if (!PyUnicode_IS_READY(a) || !PyUnicode_IS_READY(b)) return 0; /* a legacy string: "changed" is safe */
+#endif
+    if (PyUnicode_GET_LENGTH(a) != PyUnicode_GET_LENGTH(b) || PyUnicode_KIND(a) != PyUnicode_KIND(b)) return 0;
+    return memcmp(PyUnicode_DATA(a), PyUnicode_DATA(b), (size_t)(PyUnicode_GET_LENGTH(a) * PyUnicode_KIND(a))) == 0;
+}
 
 static int same_number(PyObject *recorded, PyObject *live) {
     if (live == recorded) return 1;
@@ -201,84 +413,81 @@ static int same_number(PyObject *recorded, PyObject *live) {
         double a = PyFloat_AS_DOUBLE(recorded), b = PyFloat_AS_DOUBLE(live);
         return a == b && (a != 0.0 || signbit(a) == signbit(b));
     }
-    if (Py_TYPE(live) == &PyLong_Type) {
-        int overflow = 0;
-        long long a = PyLong_AsLongLongAndOverflow(recorded, &overflow);
-        if (!overflow) {
-            long long b = PyLong_AsLongLongAndOverflow(live, &overflow);
-            return !overflow && a == b;
-        }
-        return PyObject_RichCompareBool(recorded, live, Py_EQ); /* exact ints: no Python code runs */
+    /* Exact ints: compare their magnitudes and signs without converting anything. */
+    int overflow = 0;
+    long long a = PyLong_AsLongLongAndOverflow(recorded, &overflow);
+    if (!overflow) {
+        long long b = PyLong_AsLongLongAndOverflow(live, &overflow);
+        return !overflow && a == b;
     }
-    return 0; /* bools are singletons: only the same object is the same bool */
+    return PyObject_RichCompareBool(recorded, live, Py_EQ) == 1; /* exact ints: no Python code runs */
 }
 
-/* 1: unchanged; 0: changed; -1: error set. */
-static int walk(Cursor *c, PyObject *live, int depth) {
-    if (c->pos >= c->len) return 0;
-    unsigned char tag = c->shape[c->pos++];
-    PyObject *leaf;
+/* 1: unchanged; 0: changed. */
+static int walk(Cursor *c, PyObject *live) {
+    if (c->code >= c->end) return 0;
+    unsigned char tag = *c->code++;
     Py_ssize_t n;
     switch (tag) {
     case TAG_STR:
-        if ((leaf = next_leaf(c)) == NULL) return 0;
-        if (live == leaf) return 1;
-        if (Py_TYPE(live) != &PyUnicode_Type) return 0;
-        return PyUnicode_Compare(leaf, live) == 0 ? 1 : (PyErr_Occurred() ? -1 : 0);
+        if (c->leaf >= c->nleaves) return 0;
+        return same_text(c->leaves[c->leaf++], live);
+    case TAG_CONST:
+        if (c->object >= c->nobjects) return 0;
+        return same_text(c->objects[c->object++], live);
     case TAG_NONE:
         return live == Py_None;
-    case TAG_FRACTION:
-        if ((leaf = next_leaf(c)) == NULL) return 0;
+    case TAG_TRUE:
+        return live == Py_True;
+    case TAG_FALSE:
+        return live == Py_False;
+    case TAG_FRACTION: {
+        if (c->leaf >= c->nleaves) return 0;
+        PyObject *leaf = c->leaves[c->leaf++];
         return live == leaf || (Py_TYPE(live) == &PyFloat_Type && PyFloat_AS_DOUBLE(live) == PyFloat_AS_DOUBLE(leaf));
+    }
     case TAG_NUMBER:
-        if ((leaf = next_leaf(c)) == NULL) return 0;
-        return same_number(leaf, live);
+        if (c->leaf >= c->nleaves) return 0;
+        return same_number(c->leaves[c->leaf++], live);
     case TAG_DICT: {
         if (!read_length(c, &n)) return 0;
         if (Py_TYPE(live) != &PyDict_Type || PyDict_GET_SIZE(live) != n) return 0;
+        if (c->nobjects - c->object < n) return 0;
         /* First in step with the dict's own order (its entries are read in turn, no key is
          * hashed): the common case, a dict that was neither rebuilt nor reordered. */
         Cursor saved = *c;
         Py_ssize_t pos = 0, i;
         PyObject *key, *item;
         for (i = 0; i < n; i++) {
-            PyObject *recorded = next_leaf(c);
-            int r;
-            if (recorded == NULL || !PyDict_Next(live, &pos, &key, &item)) return 0;
-            if (key != recorded) break;
-            Py_INCREF(item);
-            r = walk(c, item, depth + 1);
-            Py_DECREF(item);
-            if (r != 1) return r;
+            if (!PyDict_Next(live, &pos, &key, &item)) return 0;
+            if (!same_text(c->objects[c->object], key)) break;
+            c->object++;
+            if (!walk(c, item)) return 0;
         }
         if (i == n) return 1;
-        /* Another order or other key objects: look each recorded key up, as dict == does. */
+        /* Another order: look each recorded key up, as dict == does.  Every live key must be
+         * an exact str first, so that the lookups compare strings only (no Python code). */
+        pos = 0;
+        while (PyDict_Next(live, &pos, &key, &item))
+            if (Py_TYPE(key) != &PyUnicode_Type) return 0;
         *c = saved;
         for (i = 0; i < n; i++) {
-            PyObject *key = next_leaf(c), *item;
-            int r;
-            if (key == NULL) return 0;
-            item = PyDict_GetItemWithError(live, key); /* an exact str key: hashing runs no Python code */
-            if (item == NULL) return PyErr_Occurred() ? -1 : 0;
-            Py_INCREF(item);
-            r = walk(c, item, depth + 1);
-            Py_DECREF(item);
-            if (r != 1) return r;
+            item = PyDict_GetItemWithError(live, c->objects[c->object++]);
+            if (item == NULL) {
+                PyErr_Clear(); /* cannot happen for exact str keys; "changed" is always safe */
+                return 0;
+            }
+            if (!walk(c, item)) return 0;
         }
-        return 1;
+        return 1; /* same size, and every recorded key (all distinct) found: the same keys */
     }
     case TAG_LIST:
     case TAG_TUPLE: {
         if (!read_length(c, &n)) return 0;
         if (Py_TYPE(live) != (tag == TAG_LIST ? &PyList_Type : &PyTuple_Type) || Py_SIZE(live) != n) return 0;
-        for (Py_ssize_t i = 0; i < n; i++) {
-            PyObject *item = tag == TAG_LIST ? PyList_GET_ITEM(live, i) : PyTuple_GET_ITEM(live, i);
-            int r;
-            Py_INCREF(item);
-            r = walk(c, item, depth + 1);
-            Py_DECREF(item);
-            if (r != 1) return r;
-        }
+        PyObject **items = tag == TAG_LIST ? ((PyListObject *)live)->ob_item : ((PyTupleObject *)live)->ob_item;
+        for (Py_ssize_t i = 0; i < n; i++)
+            if (!walk(c, items[i])) return 0;
         return 1;
     }
     default:
@@ -286,16 +495,116 @@ static int walk(Cursor *c, PyObject *live, int depth) {
     }
 }
 
-/* 1: `live` is what `rec` recorded; 0: it is not (or `rec` is not a record); -1: error set. */
-static int matches(PyObject *rec, PyObject *live) {
-    if (Py_TYPE(rec) != &PyTuple_Type || PyTuple_GET_SIZE(rec) < 1) return 0;
-    PyObject *shape = PyTuple_GET_ITEM(rec, 0);
-    if (Py_TYPE(shape) != &PyBytes_Type) return 0;
-    Cursor c = {(const unsigned char *)PyBytes_AS_STRING(shape), 0, PyBytes_GET_SIZE(shape),
-                ((PyTupleObject *)rec)->ob_item + 1, 0, PyTuple_GET_SIZE(rec) - 1};
-    int r = walk(&c, live, 0);
-    return r == 1 ? (c.pos == c.len && c.leaf == c.nleaves) : r;
+#if USE_VERSIONS
+typedef struct {
+    const unsigned char *code;
+    PyObject *const *leaves, *const *objects, *const *containers;
+    const uint64_t *versions;
+} Fast;
+
+static int fast(Fast *f, PyObject *live);
+
+/* The next value of an unchanged dict: it is the very object recorded, so a leaf is passed
+ * over unread and a container is checked from its recorded address (the dict holds it). */
+static int pass(Fast *f) {
+    switch (*f->code) {
+    case TAG_STR:
+    case TAG_FRACTION:
+    case TAG_NUMBER:
+        f->code++;
+        f->leaves++;
+        return 1;
+    case TAG_CONST:
+        f->code++;
+        f->objects++;
+        return 1;
+    case TAG_NONE:
+    case TAG_TRUE:
+    case TAG_FALSE:
+        f->code++;
+        return 1;
+    case TAG_DICT:
+    case TAG_LIST:
+    case TAG_TUPLE:
+        return fast(f, *f->containers);
+    default:
+        return 0;
+    }
 }
+
+/* 1: `live` is provably what was recorded, every dict in it the very dict recorded at an
+ * unchanged version, every other value the very object recorded; 0: not provably (the full
+ * walk decides).  Only objects known to be alive are dereferenced: `live`, and what an
+ * unchanged dict holds.  The code was written with the record's slots, so they agree. */
+static int fast(Fast *f, PyObject *live) {
+    unsigned char tag = *f->code++;
+    Py_ssize_t n = 0;
+    switch (tag) {
+    case TAG_STR:
+    case TAG_FRACTION:
+    case TAG_NUMBER:
+        return live == *f->leaves++;
+    case TAG_CONST:
+        return live == *f->objects++;
+    case TAG_NONE:
+        return live == Py_None;
+    case TAG_TRUE:
+        return live == Py_True;
+    case TAG_FALSE:
+        return live == Py_False;
+    case TAG_DICT: {
+        PyObject *recorded = *f->containers++;
+        uint64_t version = *f->versions++;
+        read_varint(&f->code, f->code + 10, &n);
+        if (live != recorded || Py_TYPE(live) != &PyDict_Type || ((PyDictObject *)live)->ma_version_tag != version)
+            return 0;
+        for (Py_ssize_t i = 0; i < n; i++) {
+            f->objects++; /* the key */
+            if (!pass(f)) return 0;
+        }
+        return 1;
+    }
+    case TAG_LIST:
+    case TAG_TUPLE: {
+        f->containers++;
+        read_varint(&f->code, f->code + 10, &n);
+        /* A list has no version: its items are compared with the recorded ones, whatever list
+         * this is (another list holding the very same objects is the same content). */
+        if (Py_TYPE(live) != (tag == TAG_LIST ? &PyList_Type : &PyTuple_Type) || Py_SIZE(live) != n) return 0;
+        PyObject **items = tag == TAG_LIST ? ((PyListObject *)live)->ob_item : ((PyTupleObject *)live)->ob_item;
+        for (Py_ssize_t i = 0; i < n; i++)
+            if (!fast(f, items[i])) return 0;
+        return 1;
+    }
+    default:
+        return 0;
+    }
+}
+#endif
+
+/* 1: `live` is what `rec` recorded; 0: it is not (or `rec` is not a record). */
+static int matches(PyObject *rec, PyObject *live) {
+    if (Py_TYPE(rec) != &RecordType) return 0;
+    Record *r = (Record *)rec;
+    Counts counts;
+    const unsigned char *code, *end;
+    if (!record_layout(r, &counts, &code, &end)) return 0;
+    PyObject *const *objects = ((PyTupleObject *)r->shape)->ob_item + 1;
+    Py_ssize_t nobjects = PyTuple_GET_SIZE(r->shape) - 1;
+#if USE_VERSIONS
+    Fast f = {code, r->slots, objects, r->slots + counts.leaves,
+              (const uint64_t *)(r->slots + counts.leaves + counts.containers)};
+    if (fast(&f, live)) return 1;
+#endif
+    Cursor c = {code, end, objects, 0, nobjects, r->slots, 0, counts.leaves};
+    /* The depth is bounded by the record's code: the live message is only walked where the
+     * record has a container, however deep (or cyclic) the live message is. */
+    return walk(&c, live) && c.code == c.end && c.leaf == c.nleaves && c.object == c.nobjects;
+}
+
+/* How far ahead first_changed asks the CPU for the next messages and records: a held list is
+ * read from memory, not from the cache, and each message costs a few dependent loads. */
+#define AHEAD 6
 
 static PyObject *first_changed(PyObject *module, PyObject *const *args, Py_ssize_t nargs) {
     Py_ssize_t start, stop;
@@ -308,24 +617,27 @@ static PyObject *first_changed(PyObject *module, PyObject *const *args, Py_ssize
     stop = PyLong_AsSsize_t(args[3]);
     if (stop == -1 && PyErr_Occurred()) return NULL;
     PyObject *records = args[0], *messages = args[1];
-    for (Py_ssize_t i = start < 0 ? 0 : start; i < stop; i++) {
-        /* Both lists may be changed by another thread between items: index them afresh. */
-        if (i >= PyList_GET_SIZE(records) || i >= PyList_GET_SIZE(messages)) return PyLong_FromSsize_t(i);
-        PyObject *rec = PyList_GET_ITEM(records, i), *live = PyList_GET_ITEM(messages, i);
-        Py_INCREF(rec);
-        Py_INCREF(live);
-        int r = matches(rec, live);
-        Py_DECREF(rec);
-        Py_DECREF(live);
-        if (r < 0) PyErr_Clear(); /* the caller looks closer at this message */
-        if (r != 1) return PyLong_FromSsize_t(i);
+    if (start < 0) start = 0;
+    /* No Python code runs from here on (see the top of this file): the lists keep their items. */
+    Py_ssize_t end = stop;
+    if (end > PyList_GET_SIZE(records)) end = PyList_GET_SIZE(records);
+    if (end > PyList_GET_SIZE(messages)) end = PyList_GET_SIZE(messages);
+    PyObject **recs = ((PyListObject *)records)->ob_item, **live = ((PyListObject *)messages)->ob_item;
+    Py_ssize_t i = start;
+    for (; i < end; i++) {
+        if (i + 2 * AHEAD < end) {
+            PREFETCH(recs[i + 2 * AHEAD]);
+            PREFETCH(live[i + 2 * AHEAD]);
+        }
+        if (i + AHEAD < end) PREFETCH((const char *)recs[i + AHEAD] + 64);
+        if (!matches(recs[i], live[i])) return PyLong_FromSsize_t(i);
     }
-    return PyLong_FromSsize_t(stop);
+    return PyLong_FromSsize_t(i < stop ? i : stop);
 }
 
 static PyMethodDef methods[] = {
     {"record", (PyCFunction)(void (*)(void))record, METH_FASTCALL,
-     "record(message, max_depth) -> tuple | None: what first_changed compares the message with later "
+     "record(message, max_depth) -> Record | None: what first_changed compares the message with later "
      "(None when the message holds anything but exact JSON-like values, or nests deeper than max_depth)."},
     {"first_changed", (PyCFunction)(void (*)(void))first_changed, METH_FASTCALL,
      "first_changed(records, messages, start, stop) -> int: the first index in start..stop-1 whose "
@@ -336,6 +648,13 @@ static PyMethodDef methods[] = {
 static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "eventlog._check", NULL, 0, methods};
 
 PyMODINIT_FUNC PyInit__check(void) {
+    if (PyType_Ready(&RecordType) < 0) return NULL;
     if (shapes == NULL && (shapes = PyDict_New()) == NULL) return NULL;
-    return PyModule_Create(&module);
+    PyObject *m = PyModule_Create(&module);
+    if (m == NULL) return NULL;
+    if (PyModule_AddObjectRef(m, "Record", (PyObject *)&RecordType) < 0) {
+        Py_DECREF(m);
+        return NULL;
+    }
+    return m;
 }

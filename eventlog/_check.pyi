@@ -1,4 +1,8 @@
-from typing import Any
+from typing import Any, final
 
-def record(message: Any, max_depth: int, /) -> tuple[Any, ...] | None: ...
+@final
+class Record:
+    """What a message was when it was flushed (see :func:`record`)."""
+
+def record(message: Any, max_depth: int, /) -> Record | None: ...
 def first_changed(records: list[Any], messages: list[Any], start: int, stop: int, /) -> int: ...

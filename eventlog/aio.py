@@ -36,6 +36,7 @@ import concurrent.futures
 import functools
 import os
 import threading
+import time
 from collections.abc import Callable, Generator, Iterable, Mapping, Sequence
 from types import TracebackType
 from typing import Any, TypeVar
@@ -46,7 +47,7 @@ from .redact import Redaction
 from .replay import Occurrence, SessionInfo
 from .verify import VerifyReport
 
-__all__ = ["DEFAULT_WORKERS", "AsyncEventLog"]
+__all__ = ["BATCH_CPU_S", "BATCH_SIZE", "DEFAULT_BATCHES", "DEFAULT_WORKERS", "AsyncEventLog"]
 
 T = TypeVar("T")
 
@@ -57,6 +58,21 @@ DEFAULT_WORKERS = 8
 Eight carry about as many turns per second as 32 on the two-core reference machine
 (benchmarks/bench_aio.py), while the event loop waits for the GIL far less: every worker
 running Python between its syncs is one more thread the loop's thread competes with."""
+
+
+DEFAULT_BATCHES = 2
+"""Batches of flushes an :class:`AsyncEventLog` writes at once: while one batch is synced (the
+GIL released), the next one is prepared."""
+
+BATCH_SIZE = 64
+"""The most flushes one batch carries."""
+
+BATCH_CPU_S = 0.002
+"""About how long (CPU seconds, measured on the worker) one batch may take to prepare.
+
+A worker holds the GIL while it validates, encodes and hashes a batch, and the event loop's
+thread waits for it when it wakes meanwhile; batches are cut to about this much work (from the
+cost of the batches before), so a loop waits for a worker about this long at most."""
 
 
 def _copy(messages: Any) -> Any:
@@ -84,11 +100,20 @@ class AsyncEventLog:
     synchronous log stays available as :attr:`sync`, for code that is not async.
     """
 
-    def __init__(self, log: EventLog, *, max_workers: int = DEFAULT_WORKERS, owns_log: bool = False) -> None:
+    def __init__(
+        self,
+        log: EventLog,
+        *,
+        max_workers: int = DEFAULT_WORKERS,
+        owns_log: bool = False,
+        max_batches: int = DEFAULT_BATCHES,
+        batch_size: int = BATCH_SIZE,
+    ) -> None:
         if not isinstance(log, EventLog):
             raise TypeError(f"AsyncEventLog wraps an EventLog, not {type(log).__name__}")
-        if isinstance(max_workers, bool) or not isinstance(max_workers, int) or max_workers < 1:
-            raise ValueError(f"max_workers must be a positive int, not {max_workers!r}")
+        for name, value in (("max_workers", max_workers), ("max_batches", max_batches), ("batch_size", batch_size)):
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"{name} must be a positive int, not {value!r}")
         self._log = log
         self._owns_log = owns_log
         self._pool = concurrent.futures.ThreadPoolExecutor(max_workers, thread_name_prefix="eventlog-aio")
@@ -97,9 +122,25 @@ class AsyncEventLog:
         # waits for it on its worker, so one session's calls run in the order they were made.
         self._tails: dict[str, concurrent.futures.Future[Any]] = {}
         self._tails_guard = threading.Lock()
+        # Flushes made and not yet handed to a worker, in the order they were made, and
+        # how many batches of them workers are writing (at most ``max_batches``).
+        self._pending: list[_Flush] = []
+        self._draining = False  # a drain of _pending is scheduled on the event loop
+        self._batches = 0
+        self._max_batches = max_batches
+        self._batch_size = batch_size
+        self._flush_cpu = BATCH_CPU_S / 8  # CPU seconds a flush of a batch costs (averaged)
 
     @classmethod
-    def open(cls, path: str | os.PathLike[str], *, max_workers: int = DEFAULT_WORKERS, **options: Any) -> _Opening:
+    def open(
+        cls,
+        path: str | os.PathLike[str],
+        *,
+        max_workers: int = DEFAULT_WORKERS,
+        max_batches: int = DEFAULT_BATCHES,
+        batch_size: int = BATCH_SIZE,
+        **options: Any,
+    ) -> _Opening:
         """Open (creating when needed) the log in directory ``path`` on a worker thread.
 
         ``await AsyncEventLog.open(path)`` returns the log; ``async with AsyncEventLog.open(path)
@@ -107,7 +148,8 @@ class AsyncEventLog:
         :meth:`EventLog.open` (``durability``, ``projections``, ``readonly``, ...); the log
         owns the :class:`EventLog` it opens and closes it.
         """
-        return _Opening(cls, path, max_workers, options)
+        wrapper = {"max_workers": max_workers, "max_batches": max_batches, "batch_size": batch_size}
+        return _Opening(cls, path, wrapper, options)
 
     async def close(self) -> None:
         """Wait for the calls in flight, then close the pool (and the log, when this owns it).
@@ -117,6 +159,7 @@ class AsyncEventLog:
         if self._closed:
             return
         self._closed = True
+        self._dispatch(force=True)  # flushes already made are written, as before the close
         await asyncio.to_thread(self._shutdown)
 
     def _shutdown(self) -> None:
@@ -167,16 +210,22 @@ class AsyncEventLog:
         expected_head: str | None = None,
         replace: bool = False,
     ) -> FlushResult:
-        """:meth:`EventLog.flush`, awaited.  The list is copied when the call is made."""
-        return await self._call(
-            (session_id,),
-            self._log.flush,
-            session_id,
-            _copy(messages),
-            overrides=overrides,
-            expected_head=expected_head,
-            replace=replace,
-        )
+        """:meth:`EventLog.flush`, awaited.  The list is copied when the call is made.
+
+        Flushes awaited at the same time are written together, one transaction for a batch
+        (see the module's notes); each call still gets its own result, or its own error.
+        """
+        if overrides is not None or not isinstance(session_id, str):
+            return await self._call(
+                (session_id,),
+                self._log.flush,
+                session_id,
+                _copy(messages),
+                overrides=overrides,
+                expected_head=expected_head,
+                replace=replace,
+            )
+        return await self._batched(_Flush(session_id, _copy(messages), expected_head, replace))
 
     async def flush_many(
         self,
@@ -326,6 +375,10 @@ class AsyncEventLog:
         if self._closed:
             raise EventLogError(f"{self.path}: this AsyncEventLog is closed")
         keys = [key for key in sessions if isinstance(key, str)]
+        if keys and self._pending:
+            # A flush of one of these sessions may be waiting for its batch: hand it to a
+            # worker first, so this call (queued behind it) never waits for a batch not queued.
+            self._dispatch(force=True)
         with self._tails_guard:
             before = [tail for tail in (self._tails.get(key) for key in keys) if tail is not None]
             work = (
@@ -352,6 +405,177 @@ class AsyncEventLog:
             await _finish(waiter)
             raise
 
+    # -- flushes, gathered into batches -------------------------------------------
+
+    async def _batched(self, item: _Flush) -> FlushResult:
+        if self._closed:
+            raise EventLogError(f"{self.path}: this AsyncEventLog is closed")
+        loop = asyncio.get_running_loop()
+        item.loop = loop
+        item.waiter = waiter = loop.create_future()
+        with self._tails_guard:
+            item.before = self._tails.get(item.session_id)
+            self._tails[item.session_id] = item.done
+            self._pending.append(item)
+            drain = not self._draining
+            self._draining = True
+        item.done.add_done_callback(functools.partial(self._forget, [item.session_id]))
+        if drain:
+            # After the callbacks already due on this pass of the loop: every flush the tasks
+            # woken with this one make joins the same batch.
+            loop.call_soon(self._drain)
+        try:
+            return await waiter
+        except asyncio.CancelledError:
+            if item.done.cancel():
+                raise  # no worker had taken it: it never runs
+            # A worker is writing it and cannot be stopped half way: let it finish before the
+            # task hears of the cancellation, so the task's next write comes after this one.
+            await _finish(asyncio.wrap_future(item.done))
+            raise
+
+    def _drain(self) -> None:
+        with self._tails_guard:
+            self._draining = False
+        self._dispatch()
+
+    def _dispatch(self, *, force: bool = False) -> None:
+        """Hand the pending flushes to workers, as batches, while fewer than ``max_batches`` are
+        being written (``force``: all of them, now)."""
+        while True:
+            with self._tails_guard:
+                if not self._pending or (self._batches >= self._max_batches and not force):
+                    return
+                batch = self._take_batch()
+                if not batch:
+                    return
+                self._batches += 1
+                befores = [item.before for item in batch if item.before is not None]
+                try:
+                    self._pool.submit(self._write_batch, batch, befores)
+                except RuntimeError:  # the pool was shut down by close() meanwhile
+                    self._batches -= 1
+                    error = EventLogError(f"{self.path}: this AsyncEventLog is closed")
+                    for item in batch:
+                        if item.done.set_running_or_notify_cancel():
+                            item.error = error
+                            item.done.set_exception(error)
+                    self._settle_soon(batch)
+
+    def _take_batch(self) -> list[_Flush]:
+        """Up to ``batch_size`` pending flushes for one batch, oldest first: one flush per session
+        (a session's next one waits for the next batch) and one ``replace`` value per batch."""
+        batch: list[_Flush] = []
+        left: list[_Flush] = []
+        sessions: set[str] = set()
+        replace: bool | None = None
+        limit = max(1, min(self._batch_size, int(BATCH_CPU_S / self._flush_cpu)))
+        for item in self._pending:
+            if item.done.cancelled():
+                continue  # cancelled before a worker took it: dropped
+            if len(batch) < limit and item.session_id not in sessions and (replace is None or item.replace is replace):
+                replace = item.replace
+                sessions.add(item.session_id)
+                batch.append(item)
+            else:
+                left.append(item)
+        self._pending = left
+        return batch
+
+    def _write_batch(self, batch: list[_Flush], befores: list[concurrent.futures.Future[Any]]) -> None:
+        """On a worker: write ``batch`` (one transaction when nothing fails), resolve each flush."""
+        live: list[_Flush] = []
+        try:
+            if befores:
+                # Earlier calls of these sessions; queued before this batch, so running or done.
+                concurrent.futures.wait(befores)
+            live = [item for item in batch if item.done.set_running_or_notify_cancel()]
+            started = time.thread_time()
+            self._write_together(live)
+            if live:
+                # What a flush cost this worker (CPU: the GIL held, mostly), for the next batches' size.
+                cost = (time.thread_time() - started) / len(live)
+                self._flush_cpu = 0.7 * self._flush_cpu + 0.3 * max(cost, 1e-6)
+        except BaseException as e:
+            for item in live:
+                if item.result is None and item.error is None:
+                    item.error = e if isinstance(e, Exception) else EventLogError(f"{self.path}: not written: {e!r}")
+            raise
+        finally:
+            for item in live:
+                if item.error is not None:
+                    item.done.set_exception(item.error)
+                else:
+                    item.done.set_result(item.result)
+            self._settle_soon(batch)
+
+    def _write_together(self, items: list[_Flush]) -> None:
+        """Flush ``items`` in one transaction; when that fails, in halves, down to single flushes,
+        so each flush gets the result or the error its own :meth:`EventLog.flush` gives."""
+        if not items:
+            return
+        if len(items) == 1:
+            item = items[0]
+            try:
+                item.result = self._log.flush(
+                    item.session_id, item.messages, expected_head=item.expected_head, replace=item.replace
+                )
+            except Exception as e:
+                item.error = e
+            return
+        heads = {item.session_id: item.expected_head for item in items if item.expected_head is not None}
+        try:
+            results = self._log.flush_many(
+                {item.session_id: item.messages for item in items},
+                expected_heads=heads or None,
+                replace=items[0].replace,
+            )
+        except Exception:
+            # Nothing of the batch was written: one of its flushes fails; find it.
+            middle = len(items) // 2
+            self._write_together(items[:middle])
+            self._write_together(items[middle:])
+            return
+        for item in items:
+            item.result = results[item.session_id]
+
+    def _settle_soon(self, batch: list[_Flush]) -> None:
+        """Resolve the awaiting calls of ``batch`` on their event loop, in one callback per loop."""
+        loops: dict[asyncio.AbstractEventLoop, list[_Flush]] = {}
+        for item in batch:
+            if item.loop is not None:
+                loops.setdefault(item.loop, []).append(item)
+        if not loops:
+            with self._tails_guard:
+                self._batches -= 1
+            return
+        first = True
+        for loop, items in loops.items():
+            try:
+                loop.call_soon_threadsafe(self._settle, items, first)
+            except RuntimeError:  # that loop is closed: nobody awaits these any more
+                if first:
+                    with self._tails_guard:
+                        self._batches -= 1
+            first = False
+
+    def _settle(self, items: list[_Flush], ends_batch: bool) -> None:
+        for item in items:
+            waiter = item.waiter
+            if waiter is None or waiter.done():
+                continue  # its task was cancelled
+            if item.done.cancelled():
+                waiter.cancel()
+            elif item.error is not None:
+                waiter.set_exception(item.error)
+            else:
+                waiter.set_result(item.result)
+        if ends_batch:
+            with self._tails_guard:
+                self._batches -= 1
+            if self._pending:
+                self._dispatch()
+
     def _forget(self, keys: list[str], job: concurrent.futures.Future[Any]) -> None:
         with self._tails_guard:
             for key in keys:
@@ -359,19 +583,52 @@ class AsyncEventLog:
                     del self._tails[key]
 
 
+class _Flush:
+    """One awaited :meth:`AsyncEventLog.flush`, from the call until its batch is written.
+
+    ``done`` is its outcome for the calls that must follow it (``cancel()`` succeeds until a
+    worker takes it); ``waiter`` the awaiting task's future, on ``loop``.
+    """
+
+    __slots__ = (
+        "before",
+        "done",
+        "error",
+        "expected_head",
+        "loop",
+        "messages",
+        "replace",
+        "result",
+        "session_id",
+        "waiter",
+    )
+
+    def __init__(self, session_id: str, messages: Any, expected_head: str | None, replace: bool) -> None:
+        self.session_id = session_id
+        self.messages = messages
+        self.expected_head = expected_head
+        self.replace = replace
+        self.done: concurrent.futures.Future[FlushResult] = concurrent.futures.Future()
+        self.before: concurrent.futures.Future[Any] | None = None
+        self.loop: asyncio.AbstractEventLoop | None = None
+        self.waiter: asyncio.Future[FlushResult] | None = None
+        self.result: Any = None  # a FlushResult once written
+        self.error: BaseException | None = None
+
+
 class _Opening:
     """What :meth:`AsyncEventLog.open` returns: awaitable, and an async context manager."""
 
     def __init__(
-        self, cls: type[AsyncEventLog], path: str | os.PathLike[str], max_workers: int, options: dict[str, Any]
+        self, cls: type[AsyncEventLog], path: str | os.PathLike[str], wrapper: dict[str, Any], options: dict[str, Any]
     ) -> None:
-        self._args = (cls, path, max_workers, options)
+        self._args = (cls, path, wrapper, options)
         self._log: AsyncEventLog | None = None
 
     async def _open(self) -> AsyncEventLog:
-        cls, path, max_workers, options = self._args
+        cls, path, wrapper, options = self._args
         log = await asyncio.to_thread(EventLog.open, path, **options)
-        return cls(log, max_workers=max_workers, owns_log=True)
+        return cls(log, owns_log=True, **wrapper)
 
     def __await__(self) -> Generator[Any, None, AsyncEventLog]:
         return self._open().__await__()

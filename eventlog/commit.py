@@ -47,6 +47,9 @@ class Target(Protocol):
     env: lmdb.Environment
     events: lmdb._Database
     space: ZeroedSpace | None
+    sync_meta: bool
+    """Whether a commit syncs LMDB's meta page itself, after LMDB's writer lock is released
+    (durability ``full``; see :meth:`GroupCommit._sync_meta`)."""
 
     def slot(self) -> AbstractContextManager[None]:
         """Count a transaction open (the map is not resized while one is)."""
@@ -316,7 +319,10 @@ class GroupCommit:
                         self._run_group(txn, group)
                         self.target.seal(txn)
                         txn.commit()
+                        unsynced = self._sync_meta()
                         self._committed(group)  # in the try: an interrupt here is found by _landed()
+                        if unsynced is not None:
+                            _fail(group, unsynced)
                     except _BodyFailed:
                         txn.abort()
                         group[0].done = True
@@ -345,14 +351,42 @@ class GroupCommit:
                         txn.abort()  # nothing to undo if the commit itself went through
                         if self._landed():
                             # Interrupted (Ctrl-C) as LMDB's commit returned: every write of the
-                            # group is stored, and its caller is told so; only this thread stops.
+                            # group is stored, and its caller is told so once it is synced;
+                            # only this thread stops.
+                            unsynced = self._sync_meta()
                             self._committed(group)
+                            if unsynced is not None:
+                                _fail(group, unsynced)
                         else:
                             _fail(group, e if isinstance(e, Exception) else _not_written(self.target.path, e))
                         raise
                     else:
                         return
             self.target.resize(grow_to)
+
+    def _sync_meta(self) -> EventLogError | None:
+        """Sync the meta page of the commit just made (durability ``full``); the error when
+        the sync failed.
+
+        LMDB syncs a commit's data pages, then writes its meta page (the root that makes the
+        commit the log's state); in ``full`` mode the meta page is synced here, once LMDB's
+        writer lock is released, so that other processes' commits run meanwhile instead of
+        queueing behind the sync.  Nothing is lost by the order: a meta page only ever
+        reaches the disk after the pages it names (LMDB's ``MDB_NOMETASYNC``), so an OS crash
+        before this sync rolls the log back to the commit before, never to damage; and the
+        callers are told their writes are stored only after it.  Syncs of several
+        processes run side by side, and the file system merges those that overlap.
+        """
+        if not self.target.sync_meta:
+            return None
+        try:
+            self.target.env.sync(True)
+        except (lmdb.Error, OSError) as e:
+            return EventLogError(
+                f"{self.target.path}: the write is stored, but syncing it to disk failed ({e}): "
+                "it may not survive an OS crash or power loss"
+            )
+        return None
 
     def _committed(self, group: list[Request]) -> None:
         """Mark ``group`` stored (run again by the interrupt path when an interrupt cut it short)."""

@@ -109,7 +109,7 @@ def _holding(locks: list[Any], run: Callable[[], T]) -> T:
 
 def _room(prepared: Prepared, stored: int) -> int:
     """Bytes a write of ``prepared`` onto ``stored`` messages may add to the map, at most."""
-    nbytes = sum(len(body) for body in prepared.bodies[stored:] if body is not None) + 200 * len(prepared.bodies)
+    nbytes = sum(map(len, filter(None, prepared.bodies[stored:]))) + 200 * len(prepared.bodies)
     if stored < prepared.released:  # bodies let go will be encoded again: count them at their average size
         nbytes += prepared.released_bytes * (prepared.released - stored) // prepared.released
     return nbytes
@@ -569,6 +569,48 @@ class EventLog:
             changes=session_id,
             room=_room(prepared, 0),
         )
+
+    def append_many(
+        self,
+        appends: Mapping[str, Sequence[Mapping[str, Any]]],
+        *,
+        expected_heads: Mapping[str, str] | None = None,
+    ) -> dict[str, FlushResult]:
+        """:meth:`append` to several sessions in one transaction: every one lands, or none does.
+
+        ``appends`` maps a session id to the messages to append after its head (a
+        conversation's new messages and a record that refers to them, say).
+        ``expected_heads`` maps some of the sessions to the head the caller read
+        (:data:`EMPTY_HEAD` for "empty or new"); each is checked as
+        ``append(expected_head=)`` checks it, and a :class:`ConflictError` for one
+        session writes nothing for any.  An error about a message names its session.
+        Returns each session's result.
+        """
+        if isinstance(appends, (str, bytes)) or not isinstance(appends, Mapping):
+            raise TypeError(f"appends must map session ids to lists of messages, not {type(appends).__name__}")
+        prepared: dict[str, Prepared] = {}
+        for session_id, messages in appends.items():
+            check_session_id(session_id)
+            if isinstance(messages, (str, bytes, Mapping)) or not isinstance(messages, Sequence):
+                raise TypeError(
+                    f"session {session_id!r}: messages must be a list of message dicts, not {type(messages).__name__}"
+                )
+            try:
+                prepared[session_id] = prepare(messages, None, ephemeral=self._ephemeral, chain=False)
+            except InvalidMessageError as e:
+                raise InvalidMessageError(f"session {session_id!r}: {e}", index=e.index, path=e.path) from None
+        expected = _expected_heads(expected_heads, appends)
+        writer = self._writer
+
+        def body(txn: lmdb.Transaction) -> dict[str, FlushResult]:
+            return {sid: writer.append(txn, sid, found, expected.get(sid)) for sid, found in prepared.items()}
+
+        self._store.reserve(sum(_room(found, 0) for found in prepared.values()))
+        results = self._store.write(body)
+        for session_id in prepared:
+            self._cache.discard(session_id)
+        self._after_write()
+        return results
 
     def rewind(self, session_id: str, *, to: int) -> FlushResult:
         """Keep the first ``to`` messages; tombstone the rest (reason ``rewind``)."""

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import os
 import threading
+from array import array
 from bisect import bisect_left
 from collections import OrderedDict
 from collections.abc import Callable, Mapping, Sequence
@@ -64,7 +65,8 @@ class Prepared:
     ``bodies``, ``digests`` and ``nodes`` are per kept message.
     """
 
-    kept: list[int]
+    kept: array[int]
+    """Machine integers (``array("q")``): a list would hold an int object for each message."""
     bodies: list[bytes | None]
     """Per kept message, its canonical bytes; None for those before ``released`` (see :func:`release`)."""
     digests: list[bytes]
@@ -196,7 +198,7 @@ def prepare(
         # Another thread may have replaced a message since `reuse` was measured on the live
         # list; identity is all trust mode checks, so measure it again on the snapshot.
         reuse = _reusable(raw, previous, trust_identity)
-    out = Prepared([], [], [], [], raw, [], [])
+    out = Prepared(array("q"), [], [], [], raw, [], [])
     parent = ZERO
     if reuse:
         assert previous is not None
@@ -218,7 +220,7 @@ def prepare(
     return _extend(out, reuse, parent, ephemeral, trust_identity, chain, previous is not None)
 
 
-def _parts(prepared: Prepared) -> tuple[list[Any], ...]:
+def _parts(prepared: Prepared) -> tuple[list[Any] | array[int], ...]:
     return (
         prepared.raw,
         prepared.kept,
@@ -309,6 +311,7 @@ PLAIN_BATCH = 32
 cost more than a loop over a turn's ten, less from about thirty)."""
 
 _DIGEST = type(sha256()).digest
+_DICT = frozenset({dict})
 
 
 def _extend_batch(out: Prepared, reuse: int, parent: bytes, chain: bool, copying: bool) -> bool:
@@ -322,7 +325,7 @@ def _extend_batch(out: Prepared, reuse: int, parent: bytes, chain: bool, copying
     leaves a message that is not JSON-like to it.
     """
     batch = out.raw[reuse:]
-    if not all([type(message) is dict for message in batch]):
+    if not set(map(type, batch)) <= _DICT:
         return False
     copies = [remember(message) for message in batch] if copying else None  # before encoding
     try:
@@ -343,7 +346,7 @@ def _extend_batch(out: Prepared, reuse: int, parent: bytes, chain: bool, copying
         out.copies += copies
     out.fast += bodies
     out.flags += [False] * len(batch)
-    out.kept += range(reuse, len(out.raw))
+    out.kept.extend(range(reuse, len(out.raw)))
     out.bodies += bodies
     out.digests += digests
     if chain:
@@ -383,7 +386,7 @@ def release(prepared: Prepared) -> None:
         for j in range(start, stop):
             if fast[kept[j]] == bodies[j]:  # not for a message with `_` keys or scaffolding
                 fast[kept[j]] = RELEASED
-    prepared.released_bytes += sum(len(body) for body in bodies[start:stop] if body is not None)
+    prepared.released_bytes += sum(map(len, filter(None, bodies[start:stop])))  # a body is never empty
     prepared.released = stop  # first: a body still held below it is only encoded again
     bodies[start:stop] = [None] * (stop - start)
 
@@ -494,13 +497,17 @@ def copy_message(message: Any) -> Any:
     ``copy == message`` is then True exactly when nothing was changed in place
     (a false "changed" only costs a re-encoding): the comparison walks the containers
     in C and, for the strings that are still the very same objects, compares
-    pointers.  Numbers are wrapped in :class:`_Number`, except floats with a fraction
-    (timestamps): no int, bool or other float equals one, so they are shared like the
-    strings and compared in C, a quarter of the cost of a timestamped message's check
-    (as for strings, a non-JSON number of the very same value, a ``Decimal`` or
-    ``Fraction``, put in place of one is not told apart).  Returns :data:`UNCOPYABLE`
-    for a message holding anything else (possible under ``_`` keys), or nested
-    deeper than :data:`~eventlog.codec.MAX_DEPTH`.
+    pointers.  Numbers are wrapped in :class:`_Number`, which equals only a number of
+    the same type, value and sign: Python's ``==`` takes ``True`` for ``1``, ``1.0``
+    for ``1``, ``-0.0`` for ``0.0`` and a ``Decimal`` or ``Fraction`` for an equal float,
+    and the canonical bytes of each differ.  Returns :data:`UNCOPYABLE` for a message
+    holding anything else (possible under ``_`` keys), or nested deeper than
+    :data:`~eventlog.codec.MAX_DEPTH`.
+
+    The values are compared with their own ``==``: a value of a user-defined subclass
+    of ``str``, ``dict`` or ``list`` put in place of one (never JSON-like data) is judged
+    by its class's ``__eq__``, where the C check, which runs no Python code, calls it
+    changed.
     """
     if type(message) is not dict:
         return UNCOPYABLE
@@ -527,8 +534,6 @@ def _copy(value: Any, depth: int) -> Any:
         return [item if type(item) is str or item is None else _copy(item, depth + 1) for item in value]
     if kind is tuple:
         return tuple([item if type(item) is str or item is None else _copy(item, depth + 1) for item in value])
-    if kind is float and value % 1.0:
-        return value  # only a float of the same value equals it (see copy_message)
     if kind is int or kind is float or kind is bool:
         return _Number(value)
     raise _Uncopyable

@@ -94,7 +94,10 @@ __all__ = [
 T = TypeVar("T")
 
 DURABILITY: Final = {
-    # mode: (sync, metasync); what each survives is in docs/design.md
+    # mode: (sync, meta page synced); what each survives is in docs/design.md.  LMDB itself
+    # syncs the data pages under its writer lock; the meta page of a ``full`` commit is synced
+    # after the lock is released (eventlog/commit.py), so other processes' commits go ahead
+    # meanwhile and a later commit's sync can carry it.
     "full": (True, True),
     "process": (True, False),
     "none": (False, False),
@@ -233,7 +236,7 @@ class Store:
         self.path = os.fspath(path)
         self.durability = durability
         self.max_map_size = max_map_size
-        sync, metasync = DURABILITY[durability]
+        sync, self.sync_meta = DURABILITY[durability]
         if not readonly:
             os.makedirs(self.path, exist_ok=True)
         elif not os.path.isdir(self.path):
@@ -262,7 +265,7 @@ class Store:
                     "subdir": True,
                     "readonly": readonly,
                     "sync": sync,
-                    "metasync": metasync,
+                    "metasync": False,  # the meta page is synced after the commit (sync_meta)
                     "readahead": False,
                     "max_dbs": 8,
                     "max_readers": 512,

@@ -14,6 +14,7 @@ import struct
 from collections import deque
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from itertools import repeat
 from typing import Any
 
 import lmdb
@@ -533,11 +534,9 @@ class Writer:
                 (prefix + pack_position(base + i), pack_link(node, digest, *(carried.get(i) or (seq, i))))
                 for i, (digest, node) in enumerate(zip(digests, nodes))
             ]
-        else:
-            entries = [
-                (prefix + pack_position(base + i), pack_link(node, digest, seq, i))
-                for i, (digest, node) in enumerate(zip(digests, nodes))
-            ]
+        else:  # the common case (every import): built by maps, with no Python frame per message
+            keys = map(prefix.__add__, map(pack_position, range(base, base + len(nodes))))
+            entries = list(zip(keys, map(pack_link, nodes, digests, repeat(seq), range(len(nodes)))))
         entries += [(note_key(number, base + i), nodes[i] + codec.encode(note)) for i, note in messages.notes.items()]
         txn.cursor(db=store.index).putmulti(entries)
         state.length = base + len(nodes)

@@ -13,6 +13,7 @@ from .errors import (
     NotAProjectionError,
     ProjectionCorruptError,
     ProjectionError,
+    RebuildNeeded,
     SchemaVersionError,
 )
 from .sqlite import SQLiteProjection
@@ -23,6 +24,7 @@ __all__ = [
     "NotAProjectionError",
     "ProjectionCorruptError",
     "ProjectionError",
+    "RebuildNeeded",
     "SQLiteProjection",
     "SchemaVersionError",
 ]

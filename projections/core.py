@@ -28,7 +28,7 @@ from eventlog import codec
 from eventlog import events as ev
 from eventlog.source import EventSource as Source
 
-from .errors import LogMismatchError, ProjectionCorruptError, ProjectionError
+from .errors import LogMismatchError, ProjectionCorruptError, ProjectionError, RebuildNeeded
 from .rows import DERIVED, add_counter, derive, from_json, to_json
 
 if TYPE_CHECKING:
@@ -46,6 +46,7 @@ ROW_COLUMNS: Final = (
     "body_idx",
     "summary",
     "created_ns",
+    "redacted_seq",
     *DERIVED,
 )
 """The columns of a row written by :meth:`Store.write_rows`, in tuple order."""
@@ -154,8 +155,14 @@ class Store(Protocol):
         """Replace the :data:`~projections.rows.DERIVED` columns of the live row at ``position``."""
         ...
 
-    def stored_message(self, seq: int, idx: int) -> str | None:
-        """The message JSON of the row first written by event ``seq`` at batch index ``idx``."""
+    def stored_message(self, seq: int, idx: int) -> tuple[str, bytes, int | None] | None:
+        """``(message JSON, content digest, redacted_seq)`` of the row first written by event
+        ``seq`` at batch index ``idx`` (tombstoned or not)."""
+        ...
+
+    def redact(self, body_seq: int, body_idx: int, seq: int, derived: tuple[Any, ...]) -> None:
+        """Mark every row whose body is ``(body_seq, body_idx)`` redacted by event ``seq``, tombstoned
+        rows and other sessions' (forks) included, with these :data:`~projections.rows.DERIVED` columns."""
         ...
 
     def save_sessions(self, sessions: list[list[Any]]) -> None:
@@ -173,11 +180,16 @@ class Applier:
 
     ``fresh``: the target holds nothing of this log (a rebuild), so a session not seen
     yet does not exist and is not looked up.
+
+    ``log``: the log being applied, read back at a :class:`~eventlog.events.MessageRedacted`
+    event to check that the body the projection holds is the placeholder the log holds now
+    (see :meth:`_redact`).
     """
 
-    def __init__(self, store: Store, *, fresh: bool = False) -> None:
+    def __init__(self, store: Store, *, fresh: bool = False, log: Source | None = None) -> None:
         self.store = store
         self.fresh = fresh
+        self.log = log
         self.rows: list[tuple[Any, ...]] = []
         self.sessions: dict[str, list[Any]] = {}
         self.touched: set[str] = set()
@@ -205,7 +217,7 @@ class Applier:
             case ev.MessageAnnotated():
                 self._annotate(event)
             case ev.MessageRedacted():
-                pass  # the rewritten events the rows come from already hold the placeholder
+                self._redact(record, event)
             case _:
                 assert_never(event)
 
@@ -238,12 +250,13 @@ class Applier:
         rows = self.rows
         for i, body in enumerate(event.bodies):
             where = carried.get(i) if carried else None
+            redacted = None
             if where is None:
                 message = decode(body)
                 body_seq, body_idx = seq, i
             else:
                 body_seq, body_idx = where
-                message = self._stored_message(seq, body_seq, body_idx)
+                message, redacted = self._stored_message(seq, body_seq, body_idx)
             o = 32 * i
             rows.append(
                 (
@@ -257,6 +270,7 @@ class Applier:
                     body_idx,
                     1 if i < summaries else 0,
                     now,
+                    redacted,
                     *derive(message, overrides.get(i)),
                 )
             )
@@ -323,6 +337,29 @@ class Applier:
             )
         self.store.redisplay(event.session, event.position, derive(from_json(found[1]), event.override))
 
+    def _redact(self, record: Record, event: ev.MessageRedacted) -> None:
+        """Mark the rows of the erased body redacted, displayed from the placeholder alone.
+
+        The body the projection holds must be the placeholder the log now holds at
+        ``(body_seq, body_index)``: a projection that applied the event before it was
+        rewritten holds the erased content, and :class:`RebuildNeeded` is raised (a
+        catch-up that read the log while it was being redacted, or one that started from a
+        checkpoint the rewrite moved past).
+        """
+        self._write_rows()
+        found = self.store.stored_message(event.body_seq, event.body_index)
+        if found is None:
+            raise ProjectionCorruptError(
+                f"event {record.seq}: the redacted body ({event.body_seq}, {event.body_index}) is not in the projection"
+            )
+        message, digest, _ = found
+        if self.log is not None and digest != body_digest(self.log, event):
+            raise RebuildNeeded(
+                f"event {record.seq}: the projection holds message {event.position} of {event.session!r} "
+                f"(event {event.body_seq}) as it was before its redaction; rebuild(log) to erase it"
+            )
+        self.store.redact(event.body_seq, event.body_index, record.seq, derive(from_json(message), None))
+
     # -- helpers ---------------------------------------------------------------
 
     def _session(self, sid: str, record: Record) -> list[Any]:
@@ -345,12 +382,12 @@ class Applier:
         self.touched.add(sid)
         return session
 
-    def _stored_message(self, seq: int, body_seq: int, body_idx: int) -> dict[str, Any]:
+    def _stored_message(self, seq: int, body_seq: int, body_idx: int) -> tuple[dict[str, Any], int | None]:
         found = self.store.stored_message(body_seq, body_idx)
         if found is None:
             raise ProjectionCorruptError(f"event {seq}: carried body ({body_seq}, {body_idx}) is not in the projection")
-        message: dict[str, Any] = from_json(found)
-        return message
+        message: dict[str, Any] = from_json(found[0])
+        return message, found[2]
 
     def _write_rows(self, *, bulk: bool = False) -> None:
         if self.rows:
@@ -381,15 +418,50 @@ def mismatch(where: str, owner: str, log_id: str) -> LogMismatchError:
     )
 
 
-def check_chain(where: str, checkpoint: Checkpoint, first: Record) -> None:
-    """Refuse the event after the checkpoint when it does not chain to the event the projection applied."""
+def check_chain(where: str, checkpoint: Checkpoint, first: Record, log: Source | None = None) -> None:
+    """Refuse the event after the checkpoint when it does not chain to the event the projection applied.
+
+    Given the ``log``, a break that a redaction made is told apart: when the log holds a
+    :class:`~eventlog.events.MessageRedacted` event after the checkpoint whose body was at or
+    before it, the events the projection applied were rewritten to erase that body, and
+    :class:`RebuildNeeded` is raised instead (see :func:`redaction_after`).
+    """
     last = checkpoint.last_seq
     if last and first.seq == last + 1 and checkpoint.last_hash is not None and first.prev_hash != checkpoint.last_hash:
+        if log is not None:
+            redaction = redaction_after(log, last)
+            if redaction is not None:
+                raise RebuildNeeded(
+                    f"{where}: message {redaction.position} of {redaction.session!r} (event {redaction.body_seq}) "
+                    f"was redacted after this projection applied it; rebuild(log) to erase it"
+                )
         raise LogMismatchError(
             f"{where}: event {last + 1} of the log does not follow the event {last} this "
             "projection applied: the log's history differs (restored from an older copy?); "
             "rebuild(log) to project it again"
         )
+
+
+def redaction_after(log: Source, last_seq: int) -> ev.MessageRedacted | None:
+    """The first redaction after event ``last_seq`` of a body stored at or before it, or ``None``.
+
+    Reads every event after ``last_seq`` (only when the chain broke there).
+    """
+    for record in log.events(after=last_seq):
+        event = record.event
+        if type(event) is ev.MessageRedacted and event.body_seq <= last_seq:
+            return event
+    return None
+
+
+def body_digest(log: Source, event: ev.MessageRedacted) -> bytes | None:
+    """The content digest the log holds now for the redacted body (the placeholder's)."""
+    for record in log.events(after=event.body_seq - 1):
+        body = record.event
+        if record.seq != event.body_seq or type(body) is not ev.MessagesAppended:
+            return None
+        return body.digest(event.body_index)
+    return None
 
 
 def apply_chunk(
@@ -411,7 +483,7 @@ def apply_chunk(
     fresh = [record for record in chunk if record.seq > last]
     if not fresh:
         return None
-    check_chain(where, checkpoint, fresh[0])
+    check_chain(where, checkpoint, fresh[0], applier.log)
     expected = last + 1
     for record in fresh:
         if record.seq != expected:
@@ -464,7 +536,9 @@ __all__ = [
     "Source",
     "Store",
     "apply_chunk",
+    "body_digest",
     "check_chain",
     "check_source",
     "chunks",
+    "redaction_after",
 ]

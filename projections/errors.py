@@ -41,5 +41,13 @@ class ProjectionCorruptError(ProjectionError):
     """
 
 
+class RebuildNeeded(ProjectionError):
+    """The projection applied events that a redaction has since rewritten: it holds erased content.
+
+    ``catch_up`` of every target handles it by rebuilding (into a fresh file for SQLite and
+    hermes); it reaches the caller only from a target that does not.
+    """
+
+
 class InvalidQueryError(ProjectionError, ValueError):
     """A full-text query is not valid FTS5 syntax."""

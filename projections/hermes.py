@@ -20,6 +20,7 @@ Needs the ``hermes`` extra (``pip install 'agent-eventlog[hermes]'``).
 from __future__ import annotations
 
 import json
+import logging
 import os
 import sqlite3
 import threading
@@ -28,10 +29,13 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Final
 
-from . import core
+from eventlog import events as ev
+
+from . import core, replace
 from .core import COUNT, HEAD, ROW_COLUMNS, SESSION_COLUMNS, Applier, Checkpoint, Source
-from .errors import InvalidQueryError, NotAProjectionError, ProjectionError, SchemaVersionError
+from .errors import InvalidQueryError, NotAProjectionError, ProjectionError, RebuildNeeded, SchemaVersionError
 from .rows import DERIVED, OVERRIDABLE, from_json
+from .sqlite import REPLACE_TRIES, TRUNCATE_WAIT
 
 if TYPE_CHECKING:
     from eventlog.store import Record
@@ -40,6 +44,8 @@ HERMES_SCHEMA: Final = 22
 """The ``state.db`` schema version this target writes (hermes-agent 0.19)."""
 
 BUSY_TIMEOUT: Final = 60
+
+logger = logging.getLogger("eventlog")
 
 OWN_SCHEMA: Final = """
 CREATE TABLE IF NOT EXISTS eventlog_checkpoint (
@@ -65,9 +71,11 @@ CREATE TABLE IF NOT EXISTS eventlog_rows (
     display_override TEXT,
     tombstone_seq    INTEGER,
     tombstone_reason TEXT,
+    redacted_seq     INTEGER,              -- the MessageRedacted event that erased the body
     UNIQUE (seq, idx)
 );
 CREATE UNIQUE INDEX IF NOT EXISTS eventlog_rows_live ON eventlog_rows (session_id, position) WHERE tombstone_seq IS NULL;
+CREATE INDEX IF NOT EXISTS eventlog_rows_body ON eventlog_rows (body_seq, body_idx);
 CREATE TABLE IF NOT EXISTS eventlog_sessions (
     id     TEXT PRIMARY KEY,
     fields TEXT NOT NULL,  -- the projection's session row (JSON list)
@@ -119,7 +127,7 @@ _MANAGED_SESSION: Final = frozenset(
     }
 )
 _ROW = {name: i for i, name in enumerate(ROW_COLUMNS)}
-_MESSAGE, _OVERRIDE, _API = (_ROW[c] for c in ("message", "display_override", "api_content"))
+_MESSAGE, _OVERRIDE, _API, _REDACTED = (_ROW[c] for c in ("message", "display_override", "api_content", "redacted_seq"))
 _API_DERIVED = DERIVED.index("api_content")
 _S = {name: i for i, name in enumerate(SESSION_COLUMNS)}
 
@@ -226,6 +234,7 @@ class HermesProjection:
         self.batch = batch
         self._lock = threading.RLock()
         self._wait: Callable[[float | None], bool] | None = None
+        self._erase_pending = False  # the WAL of a replaced file is still to be truncated
         hermes_state = _hermes_state()
         try:
             existed = Path(self.path).exists() and Path(self.path).stat().st_size > 0
@@ -246,6 +255,7 @@ class HermesProjection:
                         for statement in OWN_SCHEMA.split(";\n"):
                             if statement.strip():
                                 self._db.execute(statement)
+                self._add_redacted_column()
                 self._session_columns = {
                     row[1]: (row[3], row[4]) for row in self._db.execute("PRAGMA table_info(sessions)")
                 }
@@ -278,6 +288,15 @@ class HermesProjection:
                 f"{self.path}: hermes state.db schema version {version}; this projection writes version "
                 f"{HERMES_SCHEMA} (hermes-agent 0.19) and refuses another"
             )
+
+    def _add_redacted_column(self) -> None:
+        """A file written before redactions existed gains ``eventlog_rows.redacted_seq`` and its index."""
+        db = self._db_open()
+        if not any(row[1] == "redacted_seq" for row in db.execute("PRAGMA table_info(eventlog_rows)")):
+            with self._write():
+                if not any(row[1] == "redacted_seq" for row in db.execute("PRAGMA table_info(eventlog_rows)")):
+                    db.execute("ALTER TABLE eventlog_rows ADD COLUMN redacted_seq INTEGER")
+                    db.execute("CREATE INDEX IF NOT EXISTS eventlog_rows_body ON eventlog_rows (body_seq, body_idx)")
 
     def _owned(self) -> bool:
         assert self._db is not None
@@ -312,21 +331,31 @@ class HermesProjection:
         """Apply the log's events after the checkpoint; return how many were applied.
 
         Same contract as :meth:`SQLiteProjection.catch_up`: transactions of about
-        ``batch`` messages under ``BEGIN IMMEDIATE``, each recording the checkpoint.
+        ``batch`` messages under ``BEGIN IMMEDIATE``, each recording the checkpoint; after
+        a redaction of a message the file already holds, a rebuild into a fresh file
+        replaces its content.
         """
         with self._lock, self._translate():
-            checkpoint = self._checkpoint()
-            core.check_source(self.path, checkpoint, log)
-            if checkpoint.log_id is None:
-                with self._write():  # the file belongs to this log from now on
-                    self._claim(log.id)
-            applied = 0
-            for chunk in core.chunks(log.events(after=checkpoint.last_seq), self.batch):
-                with self._write():
-                    self._claim(log.id)
-                    store = HermesStore(self._db_open(), self._session_columns)
-                    applied += self._apply_chunk(Applier(store), self._checkpoint(), chunk)
-            return applied
+            if self._erase_pending:
+                self._truncate_wal(wait=0)
+            try:
+                return self._catch_up(log)
+            except RebuildNeeded:
+                return self._replace(log)
+
+    def _catch_up(self, log: Source) -> int:
+        checkpoint = self._checkpoint()
+        core.check_source(self.path, checkpoint, log)
+        if checkpoint.log_id is None:
+            with self._write():  # the file belongs to this log from now on
+                self._claim(log.id)
+        applied = 0
+        for chunk in core.chunks(log.events(after=checkpoint.last_seq), self.batch):
+            with self._write():
+                self._claim(log.id)
+                store = HermesStore(self._db_open(), self._session_columns)
+                applied += self._apply_chunk(Applier(store, log=log), self._checkpoint(), chunk)
+        return applied
 
     def _claim(self, log_id: str) -> None:
         """Record ``log_id`` as the projected log, or refuse another one (inside the open transaction)."""
@@ -337,26 +366,71 @@ class HermesProjection:
             raise core.mismatch(self.path, owner, log_id)
 
     def rebuild(self, log: Source) -> int:
-        """Empty the file's sessions and messages and project ``log`` from its first event, in one transaction."""
-        with self._lock, self._translate(), self._write():
-            db = self._db_open()
-            for table in ("eventlog_rows", "eventlog_sessions", "messages", "session_model_usage", "sessions"):
-                db.execute(f"DELETE FROM {table}")
-            db.execute("DELETE FROM sqlite_sequence WHERE name = 'messages'")
-            db.execute("UPDATE eventlog_checkpoint SET log_id = ?, last_seq = 0, last_hash = NULL", (log.id,))
-            applier = Applier(HermesStore(db, self._session_columns), fresh=True)
-            checkpoint = Checkpoint(log.id)
-            applied = 0
-            for chunk in core.chunks(log.events(after=0), self.batch):
-                applied += self._apply_chunk(applier, checkpoint, chunk)
-                checkpoint = self._checkpoint()
+        """Empty the file's sessions and messages and project ``log`` from its first event, in one transaction.
+
+        When the log holds a redaction and the file held rows, the rebuild goes into a fresh
+        file copied over this one instead (as :meth:`SQLiteProjection.rebuild`), so that
+        neither the rows, hermes' search indexes, free pages nor the WAL keep the erased content.
+        """
+        with self._lock, self._translate():
+            held = self._checkpoint().last_seq > 0
+            try:
+                with self._write():
+                    return self._rebuild(log, refuse_redactions=held)
+            except RebuildNeeded:
+                pass
+            return self._replace(log)
+
+    def _rebuild(self, log: Source, *, refuse_redactions: bool = False) -> int:
+        db = self._db_open()
+        for table in ("eventlog_rows", "eventlog_sessions", "messages", "session_model_usage", "sessions"):
+            db.execute(f"DELETE FROM {table}")
+        db.execute("DELETE FROM sqlite_sequence WHERE name = 'messages'")
+        db.execute("UPDATE eventlog_checkpoint SET log_id = ?, last_seq = 0, last_hash = NULL", (log.id,))
+        applier = Applier(HermesStore(db, self._session_columns), fresh=True, log=log)
+        checkpoint = Checkpoint(log.id)
+        applied = 0
+        for chunk in core.chunks(log.events(after=0), self.batch):
+            if refuse_redactions and any(type(r.event) is ev.MessageRedacted for r in chunk):
+                raise RebuildNeeded(f"{self.path}: the log holds a redaction")
+            applied += self._apply_chunk(applier, checkpoint, chunk)
+            checkpoint = self._checkpoint()
+        return applied
+
+    def _replace(self, log: Source) -> int:
+        """Rebuild into a fresh ``state.db`` beside this one and copy it over this one (see
+        :mod:`projections.replace`); return the events applied."""
+        for attempt in range(REPLACE_TRIES):
+            with replace.scratch(self.path) as where:
+                fresh = HermesProjection(where, batch=self.batch)
+                try:
+                    try:
+                        with fresh._translate(), fresh._write():
+                            applied = fresh._rebuild(log)
+                    except RebuildNeeded:
+                        if attempt + 1 == REPLACE_TRIES:
+                            raise
+                        continue  # redacted again meanwhile
+                    replace.copy_over(fresh._db_open(), self._db_open())
+                finally:
+                    fresh.close()
+            self._truncate_wal(wait=TRUNCATE_WAIT)
             return applied
+        raise AssertionError("unreachable")
+
+    def _truncate_wal(self, *, wait: float) -> None:
+        done = replace.truncate_wal(self._db_open(), wait=wait, busy_timeout=BUSY_TIMEOUT)
+        if not done and not self._erase_pending:
+            logger.warning(
+                "%s: a reader holds a transaction open: the WAL keeps the replaced pages until it ends", self.path
+            )
+        self._erase_pending = not done
 
     # -- reading ---------------------------------------------------------------
 
     _ROW_SELECT: Final = (
         "SELECT m.*, r.position, r.seq, r.idx, r.node, r.digest, r.body_seq, r.body_idx, r.summary, "
-        "r.created_ns, r.message, r.display_override, r.tombstone_seq, r.tombstone_reason "
+        "r.created_ns, r.message, r.display_override, r.tombstone_seq, r.tombstone_reason, r.redacted_seq "
         "FROM eventlog_rows AS r JOIN messages AS m ON m.id = r.message_id "
     )
 
@@ -474,7 +548,11 @@ class HermesStore:
             f"INSERT INTO messages (id, session_id, active, compacted, {', '.join(MESSAGE_COLUMNS)}) "
             f"VALUES ({', '.join('?' * (len(MESSAGE_COLUMNS) + 4))})"
         )
-        self._insert_row = "INSERT INTO eventlog_rows VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, NULL, NULL)"
+        self._insert_row = (
+            "INSERT INTO eventlog_rows (message_id, session_id, position, seq, idx, node, digest, body_seq, "
+            "body_idx, summary, created_ns, message, display_override, redacted_seq) "
+            "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"
+        )
 
     def session(self, session_id: str) -> list[Any] | None:
         found = self.db.execute("SELECT fields FROM eventlog_sessions WHERE id = ?", (session_id,)).fetchone()
@@ -501,6 +579,7 @@ class HermesStore:
                     *row[:10],
                     row[_MESSAGE],
                     row[_OVERRIDE],
+                    row[_REDACTED],
                 )
             )
         self.db.executemany(self._insert_message, messages)
@@ -535,12 +614,13 @@ class HermesStore:
 
     def copy_fork(self, session_id: str, seq: int, time_ns: int, source: str, at: int) -> None:
         found = self.db.execute(
-            "SELECT message_id, position, node, digest, body_seq, body_idx, summary, message, display_override "
-            "FROM eventlog_rows WHERE session_id = ? AND tombstone_seq IS NULL AND position < ? ORDER BY position",
+            "SELECT message_id, position, node, digest, body_seq, body_idx, summary, message, display_override, "
+            "redacted_seq FROM eventlog_rows WHERE session_id = ? AND tombstone_seq IS NULL AND position < ? "
+            "ORDER BY position",
             (source, at),
         ).fetchall()
         columns = ", ".join(MESSAGE_COLUMNS)
-        for message_id, position, node, digest, body_seq, body_idx, summary, message, override in found:
+        for message_id, position, node, digest, body_seq, body_idx, summary, message, override, redacted in found:
             new_id = self.next_id
             self.next_id += 1
             self.db.execute(
@@ -564,6 +644,7 @@ class HermesStore:
                     time_ns,
                     message,
                     override,
+                    redacted,
                 ),
             )
 
@@ -590,9 +671,26 @@ class HermesStore:
             "UPDATE eventlog_rows SET display_override = ? WHERE message_id = ?", (override_json, message_id)
         )
 
-    def stored_message(self, seq: int, idx: int) -> str | None:
-        found = self.db.execute("SELECT message FROM eventlog_rows WHERE seq = ? AND idx = ?", (seq, idx)).fetchone()
-        return None if found is None else found[0]
+    def stored_message(self, seq: int, idx: int) -> tuple[str, bytes, int | None] | None:
+        found = self.db.execute(
+            "SELECT message, digest, redacted_seq FROM eventlog_rows WHERE seq = ? AND idx = ?", (seq, idx)
+        ).fetchone()
+        return None if found is None else (found[0], found[1], found[2])
+
+    def redact(self, body_seq: int, body_idx: int, seq: int, derived: tuple[Any, ...]) -> None:
+        # hermes' own triggers re-index each updated row in both of its search tables.
+        found = self.db.execute(
+            "SELECT message_id, message, created_ns FROM eventlog_rows WHERE body_seq = ? AND body_idx = ?",
+            (body_seq, body_idx),
+        ).fetchall()
+        assignments = ", ".join(f"{c} = ?" for c in MESSAGE_COLUMNS)
+        for message_id, message, created_ns in found:
+            columns = message_columns(from_json(message), None, None, created_ns)
+            self.db.execute(f"UPDATE messages SET {assignments} WHERE id = ?", (*columns, message_id))
+            self.db.execute(
+                "UPDATE eventlog_rows SET display_override = NULL, redacted_seq = ? WHERE message_id = ?",
+                (seq, message_id),
+            )
 
     def save_sessions(self, sessions: list[list[Any]]) -> None:
         retitle: set[str] = set()

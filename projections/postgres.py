@@ -27,7 +27,7 @@ except ImportError as e:  # pragma: no cover - the extra is not installed
 
 from . import core, postgres_schema
 from .core import ROW_COLUMNS, SESSION_COLUMNS, Applier, Checkpoint, Source
-from .errors import InvalidQueryError, ProjectionError, SchemaVersionError
+from .errors import InvalidQueryError, ProjectionError, RebuildNeeded, SchemaVersionError
 from .rows import DERIVED
 
 if TYPE_CHECKING:
@@ -37,6 +37,9 @@ if TYPE_CHECKING:
 
 SNIPPET_MARKS: Final = ("**", "**")
 """What :meth:`PostgresProjection.search` puts around matched words in snippets."""
+
+REBUILD_TRIES: Final = 3
+"""Rebuilds tried when the log is redacted again while one runs."""
 
 _TEXT_SCALARS: Final = frozenset(ROW_COLUMNS.index(c) for c in ("timestamp", "platform_message_id"))
 _DERIVED_SCALARS: Final = frozenset(DERIVED.index(c) for c in ("timestamp", "platform_message_id"))
@@ -155,7 +158,17 @@ class PostgresProjection:
         checkpoint or its history differs from the one applied (an older copy),
         :class:`~projections.errors.ProjectionCorruptError` when the rows disagree with
         the events (``rebuild`` repairs that).
+
+        After a redaction of a message this log's rows already hold (the log rewrote the
+        events they came from), the log's rows are rebuilt (:meth:`rebuild`); the count
+        is then the rebuild's.
         """
+        try:
+            return self._catch_up(log)
+        except RebuildNeeded:
+            return self.rebuild(log)
+
+    def _catch_up(self, log: Source) -> int:
         log_id = log.id
         with self._connection() as conn:
             with conn.transaction():
@@ -169,22 +182,47 @@ class PostgresProjection:
                 with conn.transaction():
                     checkpoint = self._checkpoint(conn, log_id, lock=True)
                     store = PostgresStore(conn, self._s, log_id)
-                    applied += self._apply_chunk(conn, Applier(store), checkpoint, chunk)
+                    applied += self._apply_chunk(conn, Applier(store, log=log), checkpoint, chunk)
             return applied
 
     def rebuild(self, log: Source) -> int:
         """Replace ``log``'s rows with a projection of it from its first event; return the events applied.
 
         One transaction: readers see the old rows until the new ones are complete.
-        Only this log's rows and checkpoint are touched.
+        Only this log's rows and checkpoint are touched; other hosts keep catching up
+        meanwhile.  The replaced rows stay in the table's files as dead tuples until
+        :meth:`vacuum_full` (see docs/audit.md, "Redaction in projections").
         """
+        for attempt in range(REBUILD_TRIES):
+            try:
+                return self._rebuild(log)
+            except RebuildNeeded:
+                if attempt + 1 == REBUILD_TRIES:
+                    raise
+        raise AssertionError("unreachable")
+
+    def vacuum_full(self) -> None:
+        """``VACUUM FULL`` the projection's tables: rewrite them, their indexes and TOAST into new files.
+
+        The bytes of replaced and tombstoned-then-replaced rows (a redacted message's, after
+        a rebuild) leave the tables' files only so: a plain ``VACUUM`` makes their space
+        reusable but leaves them readable in the file until overwritten, and the search
+        index keeps their words.  It takes an ``ACCESS EXCLUSIVE`` lock on each table for
+        the time of its rewrite: every host's catch-up and every reader waits meanwhile.
+        PostgreSQL's WAL, its archive and backups keep what they hold.
+        """
+        with self._connection() as conn:
+            for table in ("messages", "sessions"):
+                conn.execute(self._q(f"VACUUM FULL {{s}}.{table}"))
+
+    def _rebuild(self, log: Source) -> int:
         log_id = log.id
         with self._connection() as conn, conn.transaction():
             conn.execute(self._q("INSERT INTO {s}.checkpoints (log_id) VALUES (%s) ON CONFLICT DO NOTHING"), (log_id,))
             self._checkpoint(conn, log_id, lock=True)
             conn.execute(self._q("DELETE FROM {s}.messages WHERE log_id = %s"), (log_id,))
             conn.execute(self._q("DELETE FROM {s}.sessions WHERE log_id = %s"), (log_id,))
-            applier = Applier(PostgresStore(conn, self._s, log_id, fresh=True), fresh=True)
+            applier = Applier(PostgresStore(conn, self._s, log_id, fresh=True), fresh=True, log=log)
             checkpoint = Checkpoint(log_id)
             for chunk in core.chunks(log.events(after=0), self.batch):
                 self._apply_chunk(conn, applier, checkpoint, chunk)
@@ -452,7 +490,13 @@ class PostgresStore:
             f"UPDATE {{s}}.messages SET {', '.join(f'{c} = %s' for c in DERIVED)} "
             "WHERE log_id = %s AND session_id = %s AND position = %s AND tombstone_seq IS NULL"
         )
-        self._stored = q("SELECT message FROM {s}.messages WHERE log_id = %s AND seq = %s AND idx = %s")
+        self._stored = q(
+            "SELECT message, digest, redacted_seq FROM {s}.messages WHERE log_id = %s AND seq = %s AND idx = %s"
+        )
+        self._redact = q(
+            f"UPDATE {{s}}.messages SET {', '.join(f'{c} = %s' for c in DERIVED)}, redacted_seq = %s "
+            "WHERE log_id = %s AND body_seq = %s AND body_idx = %s"
+        )
 
     def session(self, session_id: str) -> list[Any] | None:
         found = self.conn.execute(self._load_session, (self.log_id, session_id)).fetchone()
@@ -485,15 +529,21 @@ class PostgresStore:
         return None if found is None else (bytes(found[0]), found[1])
 
     def redisplay(self, session_id: str, position: int, derived: tuple[Any, ...]) -> None:
-        values = [
+        self.conn.execute(self._redisplay, (*self._derived(derived), self.log_id, session_id, position))
+
+    def stored_message(self, seq: int, idx: int) -> tuple[str, bytes, int | None] | None:
+        found = self.conn.execute(self._stored, (self.log_id, seq, idx)).fetchone()
+        return None if found is None else (found[0], bytes(found[1]), found[2])
+
+    def redact(self, body_seq: int, body_idx: int, seq: int, derived: tuple[Any, ...]) -> None:
+        self.conn.execute(self._redact, (*self._derived(derived), seq, self.log_id, body_seq, body_idx))
+
+    @staticmethod
+    def _derived(derived: tuple[Any, ...]) -> list[Any]:
+        return [
             str(v) if v is not None and i in _DERIVED_SCALARS and type(v) is not str else _text(v)
             for i, v in enumerate(derived)
         ]
-        self.conn.execute(self._redisplay, (*values, self.log_id, session_id, position))
-
-    def stored_message(self, seq: int, idx: int) -> str | None:
-        found = self.conn.execute(self._stored, (self.log_id, seq, idx)).fetchone()
-        return None if found is None else found[0]
 
     def save_sessions(self, sessions: list[list[Any]]) -> None:
         log_id = self.log_id

@@ -13,6 +13,7 @@ crash only moves the checkpoint back, and the next catch-up replays those events
 
 from __future__ import annotations
 
+import logging
 import os
 import sqlite3
 import threading
@@ -21,16 +22,29 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any
 
-from . import core, schema
+from eventlog import events as ev
+
+from . import core, replace, schema
 from .core import Applier, Checkpoint, Source
-from .errors import InvalidQueryError, NotAProjectionError, ProjectionCorruptError, ProjectionError
+from .errors import InvalidQueryError, NotAProjectionError, ProjectionCorruptError, ProjectionError, RebuildNeeded
 from .sqlite_store import SQLiteStore, index_pending
 
 if TYPE_CHECKING:
     from eventlog.store import Record
 
+logger = logging.getLogger("eventlog")
+
 BUSY_TIMEOUT = 60
 """Seconds a connection waits for another one's lock before failing."""
+
+PAGE_SIZE = 16384
+"""The page size of a new file (an existing file keeps its own)."""
+
+TRUNCATE_WAIT = 5
+"""Seconds the WAL truncation after a replacement waits for readers inside a transaction."""
+
+REPLACE_TRIES = 3
+"""Fresh-file rebuilds tried when the log is redacted again while one runs."""
 
 SNIPPET_MARKS = ("**", "**")
 """What :meth:`SQLiteProjection.search` puts around matched words in snippets."""
@@ -57,12 +71,22 @@ class SQLiteProjection:
     other SQLite failures.
     """
 
-    def __init__(self, path: str | os.PathLike[str], *, search_lag: int = 1000, batch: int = 20_000) -> None:
+    def __init__(
+        self,
+        path: str | os.PathLike[str],
+        *,
+        search_lag: int = 1000,
+        batch: int = 20_000,
+        page_size: int = PAGE_SIZE,
+    ) -> None:
         if search_lag < 0 or batch < 1:
             raise ValueError("search_lag must be >= 0 and batch >= 1")
         self.path = os.fspath(path)
         self.search_lag = search_lag
         self.batch = batch
+        self.page_size = page_size
+        self._erase_pending = False  # the WAL of a replaced projection is still to be truncated
+        self._refuse_redactions = False  # a rebuild in place stops at a redaction (see _rebuild)
         self._lock = threading.RLock()
         self._wait: Callable[[float | None], bool] | None = None
         self._wal_pending = False  # a rebuild could not return to WAL mode yet
@@ -100,7 +124,7 @@ class SQLiteProjection:
         # Rows hold the message twice (text projection and JSON), about 2 KB: with 16 KiB
         # pages they pack six to a page instead of one to a 4 KiB page, and bulk writes and
         # commits cost a third less.  Only a new file takes it.
-        self._db.execute("PRAGMA page_size = 16384")
+        self._db.execute(f"PRAGMA page_size = {int(self.page_size)}")
         self._db.execute("PRAGMA journal_mode = WAL")
         # The log is the source of truth: losing the last commits in a power cut only moves
         # the checkpoint back, and catch-up replays them.
@@ -154,26 +178,41 @@ class SQLiteProjection:
         transaction, so processes catching up the same file never apply an event
         twice.  Returns 0 when the projection is already current.
 
+        After a redaction of a message this projection already applied (the log
+        rewrote the events it holds), the projection is rebuilt into a fresh file that
+        replaces this one's content (see :meth:`rebuild`); the count is then the
+        rebuild's.
+
         Raises :class:`~projections.errors.LogMismatchError` when the database
-        projects another log or is ahead of this one, :class:`~projections.errors.ProjectionCorruptError`
-        when the tables disagree with the events (``rebuild`` repairs that).
+        projects another log, is ahead of this one or holds another history,
+        :class:`~projections.errors.ProjectionCorruptError` when the tables disagree
+        with the events (``rebuild`` repairs that).
         """
         with self._lock, self._translate():
-            log_id = log.id
-            checkpoint = self._read_checkpoint()
-            core.check_source(self.path, checkpoint, log)
-            if checkpoint.log_id is None:
-                with self._write():  # the projection belongs to this log from now on
-                    self._claim(log_id)
-            applied = 0
-            for chunk in core.chunks(log.events(after=checkpoint.last_seq), self.batch):
-                with self._write():
-                    self._claim(log_id)
-                    checkpoint = self._read_checkpoint()
-                    store = SQLiteStore(self._db, self._checkpoint()[2])
-                    applied += self._apply_chunk(store, Applier(store), checkpoint, chunk)
-                    self._index(force=False)
-            return applied
+            if self._erase_pending:
+                self._truncate_wal(wait=0)
+            try:
+                return self._catch_up(log)
+            except RebuildNeeded as e:
+                logger.info("%s", e)
+                return self._replace(log)
+
+    def _catch_up(self, log: Source) -> int:
+        log_id = log.id
+        checkpoint = self._read_checkpoint()
+        core.check_source(self.path, checkpoint, log)
+        if checkpoint.log_id is None:
+            with self._write():  # the projection belongs to this log from now on
+                self._claim(log_id)
+        applied = 0
+        for chunk in core.chunks(log.events(after=checkpoint.last_seq), self.batch):
+            with self._write():
+                self._claim(log_id)
+                checkpoint = self._read_checkpoint()
+                store = SQLiteStore(self._db, self._checkpoint()[2])
+                applied += self._apply_chunk(store, Applier(store, log=log), checkpoint, chunk)
+                self._index(force=False)
+        return applied
 
     def rebuild(self, log: Source, *, exclusive: bool | None = None) -> int:
         """Drop every table and project ``log`` from its first event; return the events applied.
@@ -189,31 +228,49 @@ class SQLiteProjection:
         up to their busy timeout, 60 s for a projection).  By default only a projection
         with nothing applied yet is taken so: readers have nothing to see meanwhile.  The
         file is back in WAL mode when it returns.
+
+        When the log holds a redaction and the file held rows before, the rebuild erases:
+        it goes into a fresh file beside this one, which is then copied over this one in
+        one transaction (SQLite's backup), and the WAL is truncated; the old rows, their
+        search index, free pages and WAL frames go with it (``exclusive`` is then moot).
         """
         with self._lock, self._translate():
             if exclusive is None:
                 exclusive = self._checkpoint()[1] == 0
+            self._refuse_redactions = self._checkpoint()[1] > 0
             alone = exclusive and self._journal_alone()
             try:
                 with self._write():
                     return self._rebuild(log)
+            except RebuildNeeded:
+                pass
             finally:
+                self._refuse_redactions = False
                 if alone:
                     self._back_to_wal()
+            return self._replace(log)
 
     def _rebuild(self, log: Source) -> int:
-        """The body of :meth:`rebuild`, inside its transaction."""
+        """The body of :meth:`rebuild`, inside its transaction.
+
+        While ``_refuse_redactions`` (the file held rows), raises :class:`RebuildNeeded` at the
+        first redaction event: a fresh file then replaces this one (its old pages would keep
+        the erased content).
+        """
+        refuse_redactions = self._refuse_redactions
         schema.drop(self._db)
         schema.create(self._db)
         self._db.execute("UPDATE checkpoint SET log_id = ?", (log.id,))
         # One applier for the whole transaction: sessions stay in memory, and each bulk
         # of rows is indexed on a helper thread while the next one is derived.
         store = SQLiteStore(self._db, 0, background=True)
-        applier = Applier(store, fresh=True)
+        applier = Applier(store, fresh=True, log=log)
         checkpoint = Checkpoint(log.id)
         applied = 0
         try:
             for chunk in core.chunks(log.events(after=0), self.batch):
+                if refuse_redactions and any(type(r.event) is ev.MessageRedacted for r in chunk):
+                    raise RebuildNeeded(f"{self.path}: the log holds a redaction")
                 applied += self._apply_chunk(store, applier, checkpoint, chunk)
                 checkpoint = self._read_checkpoint()
         except BaseException:
@@ -221,6 +278,46 @@ class SQLiteProjection:
             raise
         self._index(force=True)
         return applied
+
+    def _replace(self, log: Source) -> int:
+        """Rebuild into a fresh file beside this one and copy it over this one; return the events applied.
+
+        See :mod:`projections.replace`: readers see the old projection until the copy
+        commits, the file's pages are overwritten and it shrinks to the new size, then the
+        WAL is truncated.
+        """
+        page_size = int(self._db.execute("PRAGMA page_size").fetchone()[0])
+        for attempt in range(REPLACE_TRIES):
+            with replace.scratch(self.path) as where:
+                fresh = SQLiteProjection(where, search_lag=self.search_lag, batch=self.batch, page_size=page_size)
+                try:
+                    with fresh._translate():
+                        fresh._journal_alone()  # nobody else knows the file: written once
+                        try:
+                            with fresh._write():
+                                applied = fresh._rebuild(log)
+                        except RebuildNeeded:
+                            if attempt + 1 == REPLACE_TRIES:
+                                raise
+                            continue  # redacted again meanwhile
+                    replace.copy_over(fresh._db, self._db)  # errors name this projection
+                finally:
+                    fresh._db.close()
+                    fresh._db = None  # type: ignore[assignment]
+            self._truncate_wal(wait=TRUNCATE_WAIT)
+            return applied
+        raise AssertionError("unreachable")
+
+    def _truncate_wal(self, *, wait: float) -> None:
+        """Truncate the WAL after a replacement; while a reader holds on, tried again at the next catch-up."""
+        done = replace.truncate_wal(self._db, wait=wait, busy_timeout=BUSY_TIMEOUT)
+        if not done and not self._erase_pending:
+            logger.warning(
+                "%s: a reader holds a transaction open: the WAL keeps the replaced pages until it "
+                "ends (truncated at the next catch-up)",
+                self.path,
+            )
+        self._erase_pending = not done
 
     def sync_search(self) -> int:
         """Bring the search index up to date with the rows; return how many rows it was behind."""

@@ -45,6 +45,7 @@ INDEX_ROW: Final = "INSERT INTO messages_fts (rowid, content, tool_text) VALUES 
 INDEX_CHUNK: Final = 5000
 """Rows read for the search index at a time, in the caller's thread (see :func:`index_pending`)."""
 UPDATE_DERIVED: Final = f"UPDATE messages SET {', '.join(f'{c} = ?' for c in DERIVED)} WHERE id = ?"
+REDACT_ROW: Final = f"UPDATE messages SET {', '.join(f'{c} = ?' for c in DERIVED)}, redacted_seq = ? WHERE id = ?"
 CONTENT, TOOL_TEXT = DERIVED.index("content"), DERIVED.index("tool_text")
 
 
@@ -194,9 +195,27 @@ class SQLiteStore:
         if indexed:
             self.db.execute(INDEX_ROW, (row_id, derived[CONTENT], derived[TOOL_TEXT]))
 
-    def stored_message(self, seq: int, idx: int) -> str | None:
-        found = self.db.execute("SELECT message FROM messages WHERE seq = ? AND idx = ?", (seq, idx)).fetchone()
-        return None if found is None else found[0]
+    def stored_message(self, seq: int, idx: int) -> tuple[str, bytes, int | None] | None:
+        found = self.db.execute(
+            "SELECT message, digest, redacted_seq FROM messages WHERE seq = ? AND idx = ?", (seq, idx)
+        ).fetchone()
+        return None if found is None else (found[0], found[1], found[2])
+
+    def redact(self, body_seq: int, body_idx: int, seq: int, derived: tuple[Any, ...]) -> None:
+        found = self.db.execute(
+            "SELECT id, content, tool_text, tombstone_seq FROM messages WHERE body_seq = ? AND body_idx = ?",
+            (body_seq, body_idx),
+        ).fetchall()
+        for row_id, content, tool_text, tombstone_seq in found:
+            indexed = tombstone_seq is None and row_id <= self.indexed_upto
+            if indexed:
+                self.db.execute(
+                    "INSERT INTO messages_fts (messages_fts, rowid, content, tool_text) VALUES ('delete', ?, ?, ?)",
+                    (row_id, content, tool_text),
+                )
+            self.db.execute(REDACT_ROW, (*derived, seq, row_id))
+            if indexed:
+                self.db.execute(INDEX_ROW, (row_id, derived[CONTENT], derived[TOOL_TEXT]))
 
     def save_sessions(self, sessions: list[list[Any]]) -> None:
         self.db.executemany(SAVE_SESSION, sessions)

@@ -206,10 +206,12 @@ def test_the_loop_keeps_running_while_a_worker_flushes(tmp_path: Path) -> None:
 
 def test_concurrent_flushes_share_commits(tmp_path: Path) -> None:
     # 64 tasks, each flushing its own growing session: the log commits fewer times than
-    # there are turns (group commit).  With one worker every turn is a commit of its own,
-    # which shows the count measures what it should.
-    async def main(workers: int) -> tuple[int, int]:
-        async with await AsyncEventLog.open(tmp_path / f"log-{workers}", max_workers=workers) as log:
+    # there are turns (batches, group commit).  With one worker and batches of one flush
+    # every turn is a commit of its own, which shows the count measures what it should.
+    async def main(workers: int, batch_size: int = 64) -> tuple[int, int]:
+        async with await AsyncEventLog.open(
+            tmp_path / f"log-{workers}-{batch_size}", max_workers=workers, batch_size=batch_size
+        ) as log:
 
             async def agent(i: int) -> None:
                 history: list[dict[str, Any]] = []
@@ -226,7 +228,9 @@ def test_concurrent_flushes_share_commits(tmp_path: Path) -> None:
 
     commits, turns = run(main(32))
     assert commits < turns
-    serial, turns = run(main(1))
+    commits, turns = run(main(1))
+    assert commits < turns
+    serial, turns = run(main(1, batch_size=1))
     assert serial == turns
 
 
@@ -373,3 +377,126 @@ def test_constructor_arguments_are_checked(tmp_path: Path) -> None:
     with EventLog.open(tmp_path / "log") as sync:
         with pytest.raises(ValueError, match="max_workers"):
             AsyncEventLog(sync, max_workers=0)
+
+
+# -- flushes awaited together are written in batches ---------------------------------
+
+
+def _failing_batch(log: Any) -> list[tuple[str, list[dict[str, Any]], dict[str, Any]]]:
+    """Eight flushes, three of which fail each in its own way: (session, list, options)."""
+    calls: list[tuple[str, list[dict[str, Any]], dict[str, Any]]] = []
+    for i in range(8):
+        calls.append((f"s{i}", turn(0) + turn(1), {}))
+    calls[1] = ("s1", turn(0) + turn(1), {"expected_head": "0" * 64})  # ConflictError
+    calls[4] = ("s4", turn(9), {})  # HistoryMismatchError: shares no prefix with the stored turn
+    calls[6] = ("s6", [*turn(0), {"role": "user", "content": {1, 2}}], {})  # InvalidMessageError
+    return calls
+
+
+def test_a_flush_failing_in_a_batch_fails_its_own_call_alone(tmp_path: Path) -> None:
+    # Eight tasks flush at once (one batch); three of the flushes fail.  Each of those gets the
+    # error its own EventLog.flush gives (same type, same message), the other five are written
+    # and acknowledged, and the failing sessions keep what they had.
+    with EventLog.open(tmp_path / "sync") as sync:
+        for i in range(8):
+            sync.flush(f"s{i}", turn(0))
+        expected: list[Any] = []
+        for session_id, messages, options in _failing_batch(sync):
+            try:
+                expected.append(sync.flush(session_id, messages, **options))
+            except Exception as e:
+                expected.append(e)
+
+    async def main() -> None:
+        async with await AsyncEventLog.open(tmp_path / "log") as log:
+            for i in range(8):
+                await log.flush(f"s{i}", turn(0))
+            before = (await log.info())["commits"]
+            calls = _failing_batch(log)
+            got = await asyncio.gather(
+                *(log.flush(session_id, messages, **options) for session_id, messages, options in calls),
+                return_exceptions=True,
+            )
+            assert [type(g) for g in got] == [type(e) for e in expected]
+            assert [str(g) for g in got if isinstance(g, Exception)] == [
+                str(e) for e in expected if isinstance(e, Exception)
+            ]
+            # The same results but for seq, which the order of the commits decides.
+            assert [(g.appended, g.tombstoned, g.unchanged, g.head) for g in got if not isinstance(g, Exception)] == [
+                (e.appended, e.tombstoned, e.unchanged, e.head) for e in expected if not isinstance(e, Exception)
+            ]
+            assert sum(isinstance(g, ConflictError) for g in got) == 1
+            for (session_id, messages, _), outcome in zip(calls, got):
+                stored = await log.messages(session_id)
+                assert stored == (turn(0) if isinstance(outcome, Exception) else messages), session_id
+            # The five were not written one commit each (the batch failed, then its halves).
+            assert (await log.info())["commits"] - before < 5
+
+    run(main())
+
+
+def test_flushes_of_one_session_made_together_land_in_order(tmp_path: Path) -> None:
+    # Two flushes of one session made on the same pass of the loop, without waiting, go in
+    # two batches, the older first: the other way round the older list would rewind the newer.
+    async def main() -> None:
+        async with await AsyncEventLog.open(tmp_path / "log", max_workers=1) as log:
+            first = asyncio.create_task(log.flush("s", turn(0)))
+            others = [asyncio.create_task(log.flush(f"o{i}", turn(0))) for i in range(3)]
+            second = asyncio.create_task(log.flush("s", turn(0) + turn(1)))
+            appended = asyncio.create_task(log.append("s", turn(2)))
+            third = asyncio.create_task(log.flush("s", turn(0) + turn(1) + turn(2) + turn(3)))
+            assert (await first).appended == 2
+            assert (await second).appended == 2
+            assert (await appended).appended == 2
+            assert (await third).appended == 2
+            assert [r.appended for r in await asyncio.gather(*others)] == [2, 2, 2]
+            assert await log.messages("s") == turn(0) + turn(1) + turn(2) + turn(3)
+            assert all(o.tombstone is None for o in await log.history("s"))
+
+    run(main())
+
+
+def test_a_cancelled_flush_of_a_batch_a_worker_runs_lands_whole_with_the_others(tmp_path: Path) -> None:
+    # One task of a batch is cancelled while a worker writes the batch: the batch lands whole,
+    # the others are acknowledged, and the cancelled task hears of it only once it has landed.
+    async def main() -> None:
+        async with await AsyncEventLog.open(tmp_path / "log") as log:
+            gate = Gate("question 1")
+            held = [*turn(0), gate]
+            tasks = [asyncio.create_task(log.flush("held", held))]
+            tasks += [asyncio.create_task(log.flush(f"s{i}", turn(0) + turn(1))) for i in range(4)]
+            await wait_for(gate.reading)
+            tasks[0].cancel()
+            await asyncio.sleep(0.05)
+            assert not tasks[0].done()  # waiting for the batch, though cancelled
+            gate.open()
+            with pytest.raises(asyncio.CancelledError):
+                await tasks[0]
+            assert all(r.appended == 4 for r in await asyncio.gather(*tasks[1:]))
+            assert [m["content"] for m in await log.messages("held")] == ["question 0", "answer 0", "question 1"]
+            for i in range(4):
+                assert await log.messages(f"s{i}") == turn(0) + turn(1)
+
+    run(main())
+
+
+def test_a_cancelled_flush_of_a_batch_no_worker_took_yet_never_runs(tmp_path: Path) -> None:
+    # A batch waits for the only worker; one of its tasks is cancelled meanwhile.  The others
+    # are written, the cancelled one never is, and its session can be flushed afresh.
+    async def main() -> None:
+        async with await AsyncEventLog.open(tmp_path / "log", max_workers=1) as log:
+            gate = Gate("occupies the only worker")
+            busy = asyncio.create_task(log.flush("busy", [gate]))
+            await wait_for(gate.reading)
+            tasks = [asyncio.create_task(log.flush(f"s{i}", turn(0))) for i in range(4)]
+            await asyncio.sleep(0.05)  # the batch is handed to the pool, behind the busy worker
+            tasks[2].cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await tasks[2]
+            gate.open()
+            await busy
+            assert [r.appended for i, r in enumerate(await asyncio.gather(*tasks[:2], tasks[3]))] == [2, 2, 2]
+            assert not await log.contains("s2")
+            assert (await log.flush("s2", turn(0))).appended == 2
+
+    run(main())

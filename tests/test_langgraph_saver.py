@@ -58,12 +58,20 @@ def test_turns_with_tool_calls_match_the_in_memory_saver(tmp_path: Path) -> None
 def test_every_checkpoint_reads_back_the_same_from_a_fresh_process(tmp_path: Path) -> None:
     """The history a cached saver serves equals what a saver opened afresh reads from disk."""
     with EventLog.open(tmp_path / "log") as log:
-        graph = agent_graph(scripted(3), EventLogSaver(log))
+        saver = EventLogSaver(log)
+        graph = agent_graph(scripted(3), saver)
         run_turns(graph, "t", 3)
         seen = history_values(graph, "t")
+        # Everything LangGraph put, as the saver that was handed it holds it, and as stored.
+        held = [(c.config, c.checkpoint, c.metadata, c.parent_config, c.pending_writes) for c in saver.list(None)]
     with EventLog.open(tmp_path / "log") as log:
         fresh = agent_graph([], EventLogSaver(log))
         assert history_values(fresh, "t") == seen
+        stored = [
+            (c.config, c.checkpoint, c.metadata, c.parent_config, c.pending_writes)
+            for c in fresh.checkpointer.list(None)
+        ]
+        assert stored == held and len(held) == len(seen)
     lengths = [len(messages) for _, messages in seen]
     assert lengths == sorted(lengths, reverse=True) and lengths[0] == 3 * 2 + 2 * 2
 
@@ -258,14 +266,101 @@ def test_a_message_edited_in_place_is_noticed(tmp_path: Path) -> None:
         assert log.messages("t")[0]["content"] == "question 0"
 
 
-def test_written_messages_are_rows_not_opaque_blobs(tmp_path: Path) -> None:
+def test_written_messages_are_stored_once_in_the_transcript(tmp_path: Path) -> None:
     with EventLog.open(tmp_path / "log") as log:
-        graph = agent_graph(scripted(2), EventLogSaver(log))
-        run_turns(graph, "t", 2)
+        graph = agent_graph(scripted(3), EventLogSaver(log))
+        for turn in range(3):
+            message = HumanMessage(content=f"question {turn}", id=f"user-{turn}")
+            graph.invoke({"messages": [message]}, config("t"), durability="sync")
         assert "t\x1fblobs" not in log  # every value was small or a message list
-        writes = [row for row in log.messages("t\x1fcheckpoints") if row["kind"] == "writes"]
-        refs = [ref for row in writes for _, channel, ref in row["writes"] if channel == "messages"]
-        assert refs and all(ref["rows"][0]["role"] in ("user", "assistant", "tool") for ref in refs)
+        records = log.messages("t\x1fcheckpoints")
+        writes = [row for row in records if row["k"] == "w" and not row["p"].endswith("__start__")]
+        refs = [ref for row in writes for _, channel, ref in row["w"] if channel == "messages"]
+        # A task's new messages are appended to the conversation; its write refers to them there.
+        # (A message without an id, a tool's result here, gets one from add_messages when the step
+        # ends, maybe while its write is stored: that write may keep its own copy, without the id.)
+        copies = [ref["r"] for ref in refs if "r" in ref]
+        assert len(refs) == 7 and all(len(rows) == 1 and "id" not in rows[0] for rows in copies)
+        assert len(copies) <= 2 and all(set(ref) == {"a", "n", "h"} for ref in refs if "r" not in ref)
+        history = log.history("t")
+        assert len(history) == 10 and all(o.origin == "append" and o.tombstone is None for o in history)
+        # Every checkpoint is stored as what changed since its parent: a few hundred bytes, not the state.
+        checkpoints = [row for row in records if row["k"] == "c"]
+        assert sum(1 for row in checkpoints if row.get("d")) == len(checkpoints) - 1
+        assert all(len(str(row)) < 700 for row in checkpoints[1:])
+        # The writes read back as the messages they wrote, from a saver that did not write them.
+        ours = [(c.checkpoint["id"], c.pending_writes) for c in EventLogSaver(log).list(config("t"))]
+        assert ours == [(c.checkpoint["id"], c.pending_writes) for c in graph.checkpointer.list(config("t"))]
+        written = [value for _, writes in ours for _, channel, value in writes if channel == "messages"]
+        contents = sorted(m.content for values in written for m in values)
+        assert contents == sorted(row["content"] for row in log.messages("t"))
+
+
+def test_an_interrupted_step_keeps_its_finished_tasks_messages_once(tmp_path: Path) -> None:
+    def early(state: MessagesState) -> dict[str, Any]:
+        return {"messages": [AIMessage(content="done early", id="early")]}
+
+    def ask(state: MessagesState) -> dict[str, Any]:
+        answer = interrupt("approve?")
+        return {"messages": [AIMessage(content=f"approved: {answer}", id="approval")]}
+
+    builder = StateGraph(MessagesState)
+    builder.add_node("early", early)
+    builder.add_node("ask", ask)
+    builder.add_edge(START, "early")
+    builder.add_edge(START, "ask")
+    with EventLog.open(tmp_path / "log") as log:
+        graph = builder.compile(checkpointer=EventLogSaver(log))
+        graph.invoke({"messages": [HumanMessage(content="go", id="u")]}, config("t"), durability="sync")
+        assert graph.get_state(config("t")).next == ("ask",)
+        stored = graph.checkpointer.get_tuple(config("t"))
+        assert [m.id for m in stored.checkpoint["channel_values"]["messages"]] == ["u"]
+        assert [m.id for _, channel, values in stored.pending_writes if channel == "messages" for m in values] == [
+            "early"
+        ]
+        # The finished task's message is in the conversation already, pending for the stopped step.
+        assert [row["id"] for row in log.messages("t")] == ["u", "early"]
+    with EventLog.open(tmp_path / "log") as log:  # resumed by a new process
+        graph = builder.compile(checkpointer=EventLogSaver(log))
+        out = graph.invoke(Command(resume="yes"), config("t"), durability="sync")
+        theirs = builder.compile(checkpointer=InMemorySaver())
+        theirs.invoke({"messages": [HumanMessage(content="go", id="u")]}, config("t"))
+        want = theirs.invoke(Command(resume="yes"), config("t"))
+        assert out["messages"] == want["messages"]
+        assert [row["id"] for row in log.messages("t")] == [m.id for m in out["messages"]]
+        # LangGraph applies the step's writes in task order ("ask" first), not in the order the tasks
+        # finished: the early message moves after the approval, its body carried, not stored again.
+        history = [(o.message["id"], o.origin, o.tombstone.reason if o.tombstone else None) for o in log.history("t")]
+        assert history == [
+            ("u", "append", None),
+            ("early", "append", "rewind"),
+            ("approval", "append", None),
+            ("early", "carry", None),
+        ]
+        assert log.verify().ok
+
+
+def test_writes_for_a_checkpoint_of_another_branch_stay_out_of_the_conversation(tmp_path: Path) -> None:
+    from langgraph.checkpoint.base import empty_checkpoint
+
+    def put(saver: EventLogSaver, parent: str | None, messages: list[Any], version: int) -> dict[str, Any]:
+        checkpoint = empty_checkpoint()
+        checkpoint["channel_values"] = {"messages": messages}
+        checkpoint["channel_versions"] = {"messages": version}
+        conf: Any = {"configurable": {"thread_id": "t", "checkpoint_ns": "", "checkpoint_id": parent}}
+        return saver.put(conf, checkpoint, {"source": "loop", "step": version, "parents": {}}, {"messages": version})
+
+    a, b, x = (HumanMessage(content=text, id=text) for text in ("a", "b", "x"))
+    with EventLog.open(tmp_path / "log") as log:
+        saver = EventLogSaver(log)
+        first = put(saver, None, [a, b], 1)
+        put(saver, None, [a, x], 1)  # another branch of the same length: b is tombstoned
+        late = AIMessage(content="late", id="late")
+        saver.put_writes(first, [("messages", [late])], "task")
+        assert [row["id"] for row in log.messages("t")] == ["a", "x"]
+        found = EventLogSaver(log).get_tuple(first)
+        assert found is not None and found.pending_writes == [("task", "messages", [late])]
+        assert found.checkpoint["channel_values"]["messages"] == [a, b]
 
 
 def test_eventlog_show_prints_the_conversation(tmp_path: Path) -> None:

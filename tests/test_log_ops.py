@@ -29,6 +29,31 @@ def test_append_without_expected_head_always_appends(log):
     assert len(log.messages("s")) == 2
 
 
+def test_append_many_lands_in_one_transaction_or_not_at_all(log):
+    first = log.append("chat", [user("q1")])
+    commits = log.info()["commits"]
+    out = log.append_many(
+        {"chat": [assistant("a1")], "records": [{"refers": 1}]},
+        expected_heads={"chat": first.head, "records": EMPTY_HEAD},
+    )
+    assert log.info()["commits"] == commits + 1
+    assert log.messages("chat") == [user("q1"), assistant("a1")] and log.messages("records") == [{"refers": 1}]
+    assert out["chat"].head == log.head("chat") and out["records"].head == log.head("records")
+    seq = log.last_seq
+    # One stale head: nothing is written for either session.
+    with pytest.raises(ConflictError, match="'records'"):
+        log.append_many({"chat": [user("q2")], "records": [{"refers": 2}]}, expected_heads={"records": EMPTY_HEAD})
+    assert log.last_seq == seq and len(log.messages("chat")) == 2
+    # A retry whose messages already follow the expected heads writes nothing.
+    again = log.append_many({"chat": [assistant("a1")]}, expected_heads={"chat": first.head})
+    assert again["chat"].appended == 0 and log.last_seq == seq
+    with pytest.raises(InvalidMessageError, match="session 'records'"):
+        log.append_many({"chat": [user("q3")], "records": [{"bad": b"bytes"}]})
+    assert log.last_seq == seq
+    with pytest.raises(ValueError, match="not in transcripts"):
+        log.append_many({"chat": [user("q3")]}, expected_heads={"other": EMPTY_HEAD})
+
+
 def test_rewind(log):
     log.flush("s", [user("q1"), assistant("a1"), user("q2")])
     result = log.rewind("s", to=1)

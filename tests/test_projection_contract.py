@@ -23,6 +23,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from eventlog import EventLog
+from eventlog import events as ev
 from projections import LogMismatchError, ProjectionError, SQLiteProjection, core
 
 WORDS = ["alpha", "bravo", "cedar", "delta", "ember", "fjord", "gamma", "haze"]
@@ -66,6 +67,21 @@ class Target:
 
     def log_arg(self, log: EventLog) -> dict[str, str]:
         return {"log_id": log.id} if self.many_logs else {}
+
+    def stored_anywhere(self, proj: Any, secret: bytes) -> list[str]:
+        """The files (or relations) of the target whose bytes hold ``secret``, after what the
+        target offers to erase replaced rows (``vacuum_full`` for PostgreSQL)."""
+        folder = Path(proj.path).parent
+        return sorted(f.name for f in folder.iterdir() if f.is_file() and secret in f.read_bytes())
+
+    def redacted(self, proj: Any, log: EventLog) -> set[tuple[str, int, int]]:
+        """(session, seq, idx) of the rows the target marks redacted."""
+        return {
+            (sid, r["seq"], r["idx"])
+            for sid in log.sessions()
+            for r in proj.history(sid, **self.log_arg(log))
+            if r["redacted_seq"] is not None
+        }
 
 
 def _without(row: dict[str, Any], *names: str) -> dict[str, Any]:
@@ -113,6 +129,30 @@ class PostgresTarget(Target):
             for r in proj._rows("SELECT * FROM {s}.sessions WHERE log_id = %s ORDER BY id", (log.id,))
         ]
         return messages, sessions
+
+    def stored_anywhere(self, proj: Any, secret: bytes) -> list[str]:
+        import psycopg
+
+        proj.vacuum_full()
+        dsn = self.request.getfixturevalue("postgres_dsn")
+        with psycopg.connect(dsn, autocommit=True) as conn:
+            conn.execute("CHECKPOINT")  # dirty pages reach the files
+            relations = conn.execute(
+                "SELECT c.oid::regclass::text, pg_relation_filepath(c.oid) FROM pg_class AS c "
+                "LEFT JOIN pg_class AS t ON t.reltoastrelid = c.oid "
+                "WHERE c.relnamespace = %s::regnamespace OR t.relnamespace = %s::regnamespace "
+                "OR c.oid IN (SELECT indexrelid FROM pg_index WHERE indrelid IN "
+                "(SELECT reltoastrelid FROM pg_class WHERE relnamespace = %s::regnamespace))",
+                (proj.schema, proj.schema, proj.schema),
+            ).fetchall()
+            found = []
+            for name, path in relations:
+                if path is None:
+                    continue
+                data = conn.execute("SELECT pg_read_binary_file(%s)", (path,)).fetchone()[0]
+                if secret in bytes(data):
+                    found.append(name)
+            return sorted(found)
 
 
 class HermesTarget(Target):
@@ -385,5 +425,264 @@ def test_random_histories_with_restarts_equal_a_rebuild(
         assert target.rows(proj, log) == target.rows(full, log)
         for word in WORDS:
             assert target.hits(proj, word, log) == expected_hits(log, word)
+        proj.close()
+        full.close()
+
+
+# -- redaction ------------------------------------------------------------------------
+
+SECRET = "zanzibar7secret"
+
+
+def secret_history(log: EventLog) -> None:
+    """Every event kind, then a message holding SECRET: displayed with an override that
+    repeats it, annotated again, shared by a fork, and followed by more turns."""
+    history(log)
+    said = [user("hello there"), assistant(f"the key is {SECRET} ok"), user("thanks")]
+    log.flush("s", said, overrides={1: {"content": f"shown {SECRET}"}})
+    log.flush("s", said, overrides={1: {"content": f"again {SECRET} shown"}})  # an annotation
+    log.fork("s", "t", at=3)
+    log.flush("t", [*log.messages("t"), user("forked on")])
+    log.flush("s", [*log.messages("s"), assistant("after the secret")])
+
+
+def redact(log: EventLog) -> None:
+    if not hasattr(EventLog, "redact"):
+        pytest.skip("EventLog.redact is not built yet")
+    log.redact("s", 1, reason="a leaked key", by="ops")
+
+
+def assert_erased(target: Target, proj: Any, log: EventLog) -> None:
+    for sid in log.sessions():
+        assert target.transcript(proj, sid, log) == log.messages(sid), sid
+    assert SECRET not in json.dumps(target.transcript(proj, "s", log))
+    assert target.hits(proj, SECRET, log) == set()
+    assert target.hits(proj, "zanzibar7secret*" if target.name != "postgres" else SECRET, log) == set()
+    # every row of a redacted body (in s, in its fork t, tombstoned ones) is marked by its redaction
+    redactions = {
+        (r.event.body_seq, r.event.body_index): r.seq for r in log.events() if isinstance(r.event, ev.MessageRedacted)
+    }
+    history_rows = [(sid, r) for sid in log.sessions() for r in proj.history(sid, **target.log_arg(log))]
+    expected = {(sid, r["seq"], r["idx"]) for sid, r in history_rows if (r["body_seq"], r["body_idx"]) in redactions}
+    assert len(expected) >= 2
+    assert target.redacted(proj, log) == expected
+    redaction_seq, body = min((seq, body) for body, seq in redactions.items())
+    rows = {sid: proj.messages(sid, **target.log_arg(log)) for sid in ("s", "t")}
+    for sid in ("s", "t"):
+        row = rows[sid][1]
+        assert row["redacted_seq"] == redaction_seq, sid
+        assert (row["body_seq"], row["body_idx"]) == body
+        assert row.get("display_override") is None
+        assert SECRET not in json.dumps(row, default=str)
+    assert target.stored_anywhere(proj, SECRET.encode()) == []
+
+
+def test_a_redaction_of_an_applied_message_rebuilds_and_erases_it(target: Target, log: EventLog) -> None:
+    secret_history(log)
+    proj = target.open()
+    proj.catch_up(log)
+    assert target.hits(proj, SECRET, log) != set()
+    assert target.stored_anywhere(proj, SECRET.encode()) != []  # the check can fail
+    redact(log)
+    proj.catch_up(log)
+    assert proj.catch_up(log) == 0
+    assert_erased(target, proj, log)
+    full = target.open("full")
+    full.rebuild(log)
+    assert target.rows(proj, log) == target.rows(full, log)
+    log.flush("s", [*log.messages("s"), user("later")])  # catches up as usual afterwards
+    assert proj.catch_up(log) == 1
+    assert target.transcript(proj, "s", log) == log.messages("s")
+
+
+def test_a_redaction_of_a_message_not_applied_yet_is_applied_incrementally(target: Target, log: EventLog) -> None:
+    history(log)
+    proj = target.open()
+    proj.catch_up(log)
+    before = log.last_seq
+    secret_history_tail(log)
+    redact(log)
+    assert proj.catch_up(log) == log.last_seq - before  # no rebuild: only the new events
+    assert_erased(target, proj, log)
+    full = target.open("full")
+    full.rebuild(log)
+    assert target.rows(proj, log) == target.rows(full, log)
+
+
+def secret_history_tail(log: EventLog) -> None:
+    said = [user("hello there"), assistant(f"the key is {SECRET} ok"), user("thanks")]
+    log.flush("s", said, overrides={1: {"content": f"shown {SECRET}"}})
+    log.flush("s", said, overrides={1: {"content": f"again {SECRET} shown"}})
+    log.fork("s", "t", at=3)
+    log.flush("t", [*log.messages("t"), user("forked on")])
+    log.flush("s", [*log.messages("s"), assistant("after the secret")])
+
+
+def test_concurrent_catch_ups_after_a_redaction_each_end_erased(target: Target, log: EventLog) -> None:
+    secret_history(log)
+    projections = [target.open("shared") for _ in range(3)]
+    projections[0].catch_up(log)
+    redact(log)
+    for proj in projections:
+        proj.batch = 3
+    errors: list[BaseException] = []
+
+    def run(proj: Any) -> None:
+        try:
+            proj.catch_up(log)
+        except BaseException as e:
+            errors.append(e)
+
+    threads = [threading.Thread(target=run, args=(p,)) for p in projections]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors
+    for proj in projections:
+        assert proj.catch_up(log) == 0
+    assert_erased(target, projections[0], log)
+    full = target.open("full")
+    full.rebuild(log)
+    assert target.rows(projections[0], log) == target.rows(full, log)
+
+
+def test_a_rewritten_log_without_a_redaction_of_an_applied_message_is_still_refused(
+    target: Target, tmp_path: Path
+) -> None:
+    """A break in the chain that no redaction explains is refused as before, even when the
+    log holds a redaction of a message the projection has not applied."""
+    with EventLog.open(tmp_path / "log") as log:
+        log.flush("s", [user("one")])
+        shutil.copytree(tmp_path / "log", tmp_path / "old")
+        log.flush("s", [user("one"), user("two")])
+        proj = target.open()
+        proj.catch_up(log)
+        checkpoint = log.last_seq
+    with EventLog.open(tmp_path / "old") as old:
+        old.flush("s", [user("one"), user("other two")])
+        old.flush("s", [user("one"), user("other two"), user(f"new {SECRET}")])
+        if not hasattr(EventLog, "redact"):
+            pytest.skip("EventLog.redact is not built yet")
+        old.redact("s", 2, reason="leaked")
+        redaction = next(r.event for r in old.events() if isinstance(r.event, ev.MessageRedacted))
+        assert redaction.body_seq > checkpoint
+        with pytest.raises(LogMismatchError, match="history differs"):
+            proj.catch_up(old)
+        assert proj.rebuild(old) == old.last_seq
+        assert target.transcript(proj, "s", old) == old.messages("s")
+    proj.close()
+
+
+def test_an_attached_projection_is_erased_when_redact_returns(target: Target, tmp_path: Path) -> None:
+    proj = target.open()
+    with EventLog.open(tmp_path / "log", projections=[proj]) as log:
+        secret_history(log)
+        assert log.sync_projections()
+        assert target.hits(proj, SECRET, log) != set()
+        redact(log)
+        # no catch-up by hand: redact returns once the projector has rebuilt the projection
+        assert_erased(target, proj, log)
+        log.flush("s", [*log.messages("s"), user("on we go")])
+        assert target.transcript(proj, "s", log) == log.messages("s")
+
+
+class Straddling:
+    """A log read while it is being redacted: its events up to ``cut`` as they were before
+    the redaction (from a copy), the rest as they are after; honest from the second read on."""
+
+    def __init__(self, before: EventLog, after: EventLog, cut: int) -> None:
+        self.before, self.after, self.cut = before, after, cut
+        self.reads = 0
+
+    @property
+    def id(self) -> str:
+        return self.after.id
+
+    @property
+    def last_seq(self) -> int:
+        return self.after.last_seq
+
+    def events(self, after: int = 0) -> Iterator[Any]:
+        self.reads += 1
+        if self.reads > 1:
+            yield from self.after.events(after=after)
+            return
+        for record in self.before.events(after=after):
+            if record.seq > self.cut:
+                break
+            yield record
+        yield from self.after.events(after=max(after, self.cut))
+
+
+def test_a_catch_up_that_read_the_log_while_it_was_redacted_rebuilds(target: Target, tmp_path: Path) -> None:
+    """The chain is checked at the checkpoint only: a catch-up that applied the events holding
+    the body before their rewrite and the rest after is caught at the redaction event, by
+    the body it holds not being the placeholder the log holds."""
+    with EventLog.open(tmp_path / "log") as log:
+        secret_history(log)
+        cut = log.last_seq
+    shutil.copytree(tmp_path / "log", tmp_path / "before")
+    with EventLog.open(tmp_path / "log") as log, EventLog.open(tmp_path / "before") as before:
+        redact(log)
+        source = Straddling(before, log, cut)
+        proj = target.open()
+        proj.catch_up(source)
+        assert source.reads > 1  # it had to read again: rebuilt
+        assert_erased(target, proj, log)
+
+
+@settings(max_examples=6, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(
+    st.lists(
+        st.tuples(st.sampled_from(["a", "b"]), st.sampled_from(WORDS), st.integers(0, 2), st.booleans()),
+        min_size=2,
+        max_size=10,
+    ),
+    st.integers(0, 1000),
+    st.integers(0, 1000),
+)
+def test_a_random_redaction_at_any_checkpoint_erases_and_equals_a_rebuild(
+    target: Target,
+    tmp_path_factory: pytest.TempPathFactory,
+    steps: list[tuple[str, str, int, bool]],
+    secret_at: int,
+    caught_up_at: int,
+) -> None:
+    """Random histories (appends, rewinds, forks), the secret written at a random step and
+    the projection last caught up at another (before it, after it, or at the end)."""
+    if not hasattr(EventLog, "redact"):
+        pytest.skip("EventLog.redact is not built yet")
+    tmp = tmp_path_factory.mktemp("r")
+    target.tmp_path = tmp
+    secret_step = secret_at % len(steps)
+    catch_step = caught_up_at % (len(steps) + 1)
+    with EventLog.open(tmp / "log", durability="none") as log:
+        proj = target.open(f"inc{id(steps) % 10**6}")
+        forks = 0
+        for i, (sid, word, rewind, fork) in enumerate(steps):
+            if i == catch_step:
+                proj.catch_up(log)
+            current = live(log, sid)
+            if rewind and len(current) > rewind:
+                current = current[:-rewind]
+            text = f"{word} {SECRET}" if i == secret_step else word
+            log.flush(sid, [*current, user(text)], replace=not current and bool(live(log, sid)))
+            if fork and live(log, sid):
+                forks += 1
+                log.fork(sid, f"{sid}{forks}")
+        if catch_step == len(steps):
+            proj.catch_up(log)
+        holder = steps[secret_step][0]
+        occurrence = next(o for o in log.history(holder) if SECRET in json.dumps(o.message) and o.origin == "append")
+        log.redact(holder, occurrence.position, seq=occurrence.seq, reason="random")
+        proj.catch_up(log)
+        for sid in log.sessions():
+            assert target.transcript(proj, sid, log) == log.messages(sid), sid
+        assert target.hits(proj, SECRET, log) == set()
+        full = target.open(f"full{id(steps) % 10**6}")
+        full.rebuild(log)
+        assert target.rows(proj, log) == target.rows(full, log)
+        assert target.stored_anywhere(proj, SECRET.encode()) == []
         proj.close()
         full.close()

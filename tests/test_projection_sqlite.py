@@ -266,6 +266,8 @@ def test_the_checkpoint_gains_the_last_events_hash_by_migration(tmp_path: Path, 
     db = sqlite3.connect(tmp_path / "p.db")  # back to what version 1 wrote
     db.execute("DROP TRIGGER checkpoint_stale_hash")
     db.execute("ALTER TABLE checkpoint DROP COLUMN last_hash")
+    db.execute("DROP INDEX messages_body")
+    db.execute("ALTER TABLE messages DROP COLUMN redacted_seq")
     db.execute("PRAGMA user_version = 1")
     db.commit()
     db.close()
@@ -1149,3 +1151,91 @@ def test_a_projection_ahead_of_its_log_is_refused(tmp_path):
             assert [m["content"] for m in proj.messages("s")] == ["one"]
     finally:
         proj.close()
+
+
+# -- redaction ----------------------------------------------------------------------
+
+SECRET = "quokka9secret"
+
+
+def _redactable(log: EventLog) -> None:
+    if not hasattr(EventLog, "redact"):
+        pytest.skip("EventLog.redact is not built yet")
+    log.flush("s", [user("hi"), assistant(f"the password is {SECRET}"), user("ok")])
+    log.flush("s", [*log.messages("s"), assistant("noted")])
+
+
+def _holding(folder: Path, secret: str = SECRET) -> list[str]:
+    return sorted(f.name for f in folder.iterdir() if f.is_file() and secret.encode() in f.read_bytes())
+
+
+def test_project_and_rebuild_commands_erase_after_a_redaction(tmp_path: Path) -> None:
+    from click.testing import CliRunner
+
+    from eventlog.cli import cli
+
+    def run(*args: str) -> str:
+        result = CliRunner().invoke(cli, ["--log", str(tmp_path / "log"), *args], catch_exceptions=False)
+        assert result.exit_code == 0, result.output
+        return result.stdout
+
+    (tmp_path / "a").mkdir()
+    (tmp_path / "b").mkdir()
+    with EventLog.open(tmp_path / "log") as log:
+        _redactable(log)
+    run("project", str(tmp_path / "a" / "p.db"))
+    run("project", str(tmp_path / "b" / "p.db"))
+    assert _holding(tmp_path / "a") and _holding(tmp_path / "b")
+    with EventLog.open(tmp_path / "log") as log:
+        log.redact("s", 1, reason="a password")
+        total = log.last_seq
+    assert json.loads(run("project", str(tmp_path / "a" / "p.db"), "--json"))["applied"] == total  # rebuilt
+    assert json.loads(run("rebuild", str(tmp_path / "b" / "p.db"), "--json"))["applied"] == total
+    assert _holding(tmp_path / "a") == [] and _holding(tmp_path / "b") == []
+    assert "no live message matches" in run("search", SECRET, "--db", str(tmp_path / "a" / "p.db"))
+
+
+def test_a_reader_inside_a_transaction_keeps_its_snapshot_until_it_ends_then_the_wal_goes(
+    tmp_path: Path, log: EventLog, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The copy over the projection is one transaction: a reader in a transaction begun before
+    keeps reading the old rows (its snapshot) and keeps the WAL from being truncated; once it
+    ends it reads the new rows on the same connection, and the next catch-up truncates the WAL."""
+    import projections.sqlite as sqlite_target
+
+    monkeypatch.setattr(sqlite_target, "TRUNCATE_WAIT", 0.05)
+    _redactable(log)
+    (tmp_path / "p").mkdir()
+    proj = SQLiteProjection(tmp_path / "p" / "t.db")
+    proj.catch_up(log)
+    reader = sqlite3.connect(tmp_path / "p" / "t.db", isolation_level=None)
+    reader.execute("BEGIN")
+    assert SECRET in reader.execute("SELECT content FROM messages WHERE position = 1").fetchone()[0]
+    log.redact("s", 1, reason="a password")
+    proj.catch_up(log)
+    assert proj._erase_pending
+    assert SECRET in reader.execute("SELECT content FROM messages WHERE position = 1").fetchone()[0]
+    assert _holding(tmp_path / "p") == ["t.db-wal"]  # the reader's snapshot holds it
+    reader.execute("COMMIT")
+    assert reader.execute("SELECT content FROM messages WHERE position = 1").fetchone()[0] == "[redacted]"
+    log.flush("s", [*log.messages("s"), user("more")])
+    assert proj.catch_up(log) == 1
+    assert not proj._erase_pending
+    assert _holding(tmp_path / "p") == []
+    reader.close()
+    proj.close()
+
+
+def test_a_projection_of_another_page_size_is_replaced_in_its_own(tmp_path: Path, log: EventLog) -> None:
+    """The copy into a WAL database needs the same page size: an older file's 4 KiB is kept."""
+    _redactable(log)
+    (tmp_path / "p").mkdir()
+    proj = SQLiteProjection(tmp_path / "p" / "t.db", page_size=4096)
+    proj.catch_up(log)
+    log.redact("s", 1, reason="a password")
+    assert proj.catch_up(log) == log.last_seq
+    assert proj._db.execute("PRAGMA page_size").fetchone()[0] == 4096
+    assert [m["content"] for m in proj.messages("s")][1] == "[redacted]"
+    assert _holding(tmp_path / "p") == []
+    assert sorted(f.name for f in (tmp_path / "p").iterdir()) == ["t.db", "t.db-shm", "t.db-wal"]  # no scratch left
+    proj.close()

@@ -11,7 +11,8 @@ from factories import assistant, user
 from eventlog import EventLog, merkle
 from eventlog import events as ev
 from eventlog.keys import HEADER, SEQ, STATE, SessionState, event_hash, state_key
-from eventlog.tree import leaf_input
+from eventlog.tree import AppendedLeaf, _leaf_decoder, commitments, leaf_input, salt_of
+from eventlog.verifier import message_commitment
 
 
 def busy_log(log: EventLog) -> None:
@@ -193,3 +194,29 @@ def test_eventlog_migrate_upgrades_in_place_and_says_so(tmp_path):
     assert CliRunner().invoke(cli, ["--log", str(path), "verify"]).exit_code == 0
     missing = CliRunner().invoke(cli, ["--log", str(tmp_path / "nothing"), "migrate"])
     assert missing.exit_code == 1 and "no event log" in missing.output
+
+
+def test_the_tree_reads_an_append_as_a_full_read_does_without_its_bodies(tmp_path):
+    """The tree decodes an append without its bodies: every other field is read, and every leaf
+    is the one the whole event gives, for plain appends and for carried, overridden and
+    summarised messages; each plain message's commitment is its salted content digest."""
+    fields = {f.name: f.default for f in msgspec.structs.fields(ev.MessagesAppended)}
+    light = {f.name: f.default for f in msgspec.structs.fields(AppendedLeaf)}
+    assert light == {name: default for name, default in fields.items() if name not in ("bodies", "nodes")}
+    with EventLog.open(tmp_path / "log") as log:
+        busy_log(log)
+        log.flush("bulk", [user(f"message {i} \u00e9\U0001f600") for i in range(300)])
+        store = log._store
+        plain = 0
+        with store.read() as txn:
+            for seq in range(1, log.last_seq + 1):
+                raw = bytes(store.raw_event(txn, seq))
+                event = ev.decoder.decode(raw[HEADER.size :])
+                assert leaf_input(seq, raw) == leaf_input(seq, raw, event)
+                if isinstance(event, ev.MessagesAppended) and not (event.carried or event.overrides):
+                    plain += 1
+                    expected = [message_commitment(salt_of(event, i), event.digest(i)) for i in range(len(event))]
+                    assert commitments(event) == expected
+                    assert commitments(_leaf_decoder.decode(raw[HEADER.size :])) == expected
+        assert plain >= 3
+        assert log.verify().ok

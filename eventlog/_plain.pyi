@@ -1,0 +1,3 @@
+from typing import Any
+
+def plain_batch(messages: list[Any], max_depth: int, ints: bool, /) -> bool: ...
