@@ -194,7 +194,11 @@ class Store:
         self.path = os.fspath(path)
         self.durability = durability
         self.max_map_size = max_map_size
-        sync, self.sync_meta = DURABILITY[durability]
+        sync, sync_meta = DURABILITY[durability]
+        self.sync_meta = sync_meta and not readonly
+        """Whether commits' meta pages are synced by the log (``full``; see :meth:`sync`)."""
+        self._close_sync_error: Exception | None = None
+        self._close_synced = threading.Event()  # close() synced (or failed to: _close_sync_error)
         if not readonly:
             os.makedirs(self.path, exist_ok=True)
         elif not os.path.isdir(self.path):
@@ -319,9 +323,36 @@ class Store:
             own = self._held.get(threading.get_ident(), 0)
             while not self._cond.wait_for(lambda: self._active <= own, timeout=WAKE_POLL):
                 pass
-        if self.space is not None:
-            self.space.close()
-        self.env.close()
+        synced = False
+        try:
+            if self.space is not None:
+                self.space.close()
+            if self.sync_meta:
+                try:  # a caller between its commit and its sync finds the store closed: this is its sync
+                    self.env.sync(True)
+                    synced = True
+                except lmdb.Error as e:
+                    self._close_sync_error = e  # for that caller (sync())
+            self.env.close()
+        finally:
+            if self.sync_meta and not synced and self._close_sync_error is None:
+                self._close_sync_error = EventLogError(f"{self.path}: the log was closed before it was synced")
+            self._close_synced.set()
+
+    def sync(self) -> None:
+        """Sync the data file: every commit made before the call survives an OS crash.
+
+        A store closed since the commit was synced by :meth:`close`."""
+        try:
+            with self.slot():
+                self.env.sync(True)
+        except EventLogError:
+            if not self._closed or self.forked:
+                raise
+            while not self._close_synced.wait(WAKE_POLL):
+                pass
+            if self._close_sync_error is not None:
+                raise EventLogError(str(self._close_sync_error)) from None
 
     @staticmethod
     def format_of(path: str | os.PathLike[str]) -> str | None:
