@@ -839,6 +839,24 @@ class EventLog:
                     )
         return repair(out) if repair_tool_calls else out
 
+    def message(self, session_id: str, position: int) -> dict[str, Any] | None:
+        """The live message at ``position`` of the session's transcript, or ``None`` past its end.
+
+        One lookup of the live chain's positional index and one body read, however long
+        the transcript (for an index that names a position in a session).  Raises
+        ``TypeError``/``ValueError`` for a ``position`` that is not an int >= 0.
+        """
+        check_session_id(session_id)
+        _count(position, "position")
+        store = self._store
+        with store.read(buffers=True) as txn:
+            state = store.session(txn, session_id)
+            if state is None or position >= state.length:
+                return None
+            reader = BodyReader(store, txn)
+            reader.current(session_id, state)
+            return reader.messages(store.locations(txn, state.number, position + 1, position))[0]
+
     def session(self, session_id: str) -> SessionInfo | None:
         """What the log knows about a session, without a projection; ``None`` when it does not exist.
 
