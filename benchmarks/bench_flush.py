@@ -9,8 +9,8 @@ current, and once as the call alone, whose catch-up on the log's thread finishes
 untimed; once more waiting for its search index: end to end), hermes-agent's ``SessionDB``, ``eventsourcing``,
 the OpenAI Agents SDK ``SQLiteSession``, a plain SQLite baseline and the floors
 (a raw ``fdatasync``; a bare py-lmdb commit; that commit with each message's content
-and node digests; that after one C comparison of every held message with a copy,
-the least that noticing in-place edits costs; and either of the last two followed by
+and node digests; that after the product's C check of every held message against
+its record, the least that noticing in-place edits costs; and either of the last two followed by
 SQLite alone writing and indexing the turn's prebuilt rows: the end-to-end floors).
 
 The systems run in lockstep, in a shuffled order each turn, each in its own

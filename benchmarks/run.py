@@ -494,8 +494,8 @@ def report(results: dict[str, Any], pictures: list[str]) -> str:
         f"A target is **{OUT_OF_REACH}** when a floor measured beside it in this run (named in its detail) "
         "already takes more than the target allows: for a flush, a bare LMDB commit of the turn in the same "
         "durability mode with the encoding and the two digests of each of its messages (the least a "
-        "content-addressed log computes), in the default mode after one C comparison of every held message "
-        "with a copy (the least that noticing in-place edits costs), end to end followed by SQLite alone "
+        "content-addressed log computes), in the default mode after the product's C check of every held message "
+        "against its record (the least that noticing in-place edits costs), end to end followed by SQLite alone "
         "writing and indexing the turn's prebuilt rows; for a bare write or an import, that encoding and "
         "those digests; for a rebuild, SQLite alone writing the same rows; for threads, the rate of one "
         "writer that never syncs (they share one GIL).",
