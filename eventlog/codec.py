@@ -177,21 +177,23 @@ _LEAVES = frozenset({str, type(None), bool, int})
 _PLAIN = _LEAVES | {float, list, tuple, dict}
 
 
-def plain_batch(messages: list[dict[str, Any]]) -> bool:
+def plain_batch(messages: list[dict[str, Any]], *, ints: bool = False) -> bool:
     """Whether :func:`inspect_encoded` would pass every one of ``messages`` and find no ``_`` key.
 
-    ``messages`` are plain dicts msgspec just encoded without error.  False only means
+    ``messages`` are plain dicts msgspec just encoded without error, which shows that every
+    int fits in 64 bits; with ``ints=True`` (dicts read from JSON, not encoded yet) that is
+    checked too, and True means :func:`canonical` would pass each of them.  False only means
     "not shown here" (a ``_`` key, a float too deep, a container subclass, a problem): the
     caller then inspects each message, which names the problem.  One walk in C when the
     extension ``eventlog._plain`` is built (and ``EVENTLOG_PURE_PYTHON`` is not set), else
     :func:`plain_batch_python`, which gives the same answers.
     """
     if _plain is not None:
-        return _plain.plain_batch(messages, MAX_DEPTH)
-    return plain_batch_python(messages)
+        return _plain.plain_batch(messages, MAX_DEPTH, ints)
+    return plain_batch_python(messages, ints=ints)
 
 
-def plain_batch_python(messages: list[dict[str, Any]]) -> bool:
+def plain_batch_python(messages: list[dict[str, Any]], *, ints: bool = False) -> bool:
     """:func:`plain_batch` in Python: a few passes over each level of nesting of the whole
     batch (a turn, an import), with the loops in C: distinct keys, then the set of value types."""
     if not _all_str(messages):
@@ -204,6 +206,8 @@ def plain_batch_python(messages: list[dict[str, Any]]) -> bool:
     while values:
         types = list(map(type, values))
         kinds = set(types)
+        if ints and int in kinds and not all(map(_fits, compress(values, map(is_, types, repeat(int))))):
+            return False
         if kinds <= _LEAVES:
             return True
         if not kinds <= _PLAIN or depth >= MAX_DEPTH:
@@ -223,6 +227,10 @@ def plain_batch_python(messages: list[dict[str, Any]]) -> bool:
         values = nested
         depth += 1
     return True
+
+
+def _fits(value: int) -> bool:
+    return -(2**63) <= value < 2**64
 
 
 def _all_str(dicts: list[dict[Any, Any]]) -> bool:

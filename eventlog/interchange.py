@@ -10,7 +10,11 @@ Reading (:func:`read_jsonl`) accepts two shapes per line, mixed freely:
   "messages": ...}``) is a message, so the messages the log exports read back as themselves.
 
 The whole file is parsed and checked before anything is written, so a bad line
-fails the import with its line number and nothing of the file is stored.
+fails the import with its line number and nothing of the file is stored.  Lines are
+parsed by msgspec and the file's messages checked in one pass (see
+:func:`~eventlog.codec.plain_batch`); a line msgspec refuses, or a file that pass cannot
+vouch for, is read again line by line by the standard library's parser and checked message
+by message, which names the first bad line and what is wrong with it.
 
 Writing (:func:`export_lines`) produces one of three formats:
 
@@ -25,7 +29,9 @@ from __future__ import annotations
 import json
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NoReturn
+
+import msgspec
 
 from . import codec
 from .errors import InvalidMessageError
@@ -81,60 +87,90 @@ def read_jsonl(text: str, *, name: str = "<input>", split: bool = False) -> list
     """
     conversations: list[Conversation] = []
     current = Conversation([], [])
+    # Per line: its number, its messages, and whether msgspec parsed it (its strings are then
+    # known to be valid text; the standard parser lets lone surrogates through).
+    read: list[tuple[int, list[dict[str, Any]], bool]] = []
+    decode = _decode
     # Lines end at "\n" only: str.splitlines() would also split at U+2028, U+2029 and
     # U+0085, which JSON leaves unescaped inside strings (and the exports write as is).
     for number, raw in enumerate(text.split("\n"), start=1):
         line = raw.strip()
         if not line:
             continue
-        where = f"{name}:{number}"
         try:
-            value = json.loads(line, parse_constant=_reject_constant)
-        except ValueError as e:
-            raise ImportFormatError(f"{where}: not valid JSON ({e})", line=number) from None
-        except RecursionError:
-            raise ImportFormatError(f"{where}: nested too deeply to read", line=number) from None
-        if not isinstance(value, dict):
-            raise ImportFormatError(
-                f'{where}: expected a JSON object (a message or {{"messages": [...]}}), found {_json_type(value)}',
-                line=number,
+            value = decode(line)
+            vetted = True
+        except (msgspec.MsgspecError, RecursionError):
+            value = _parse(line, read, name, number)  # the standard parser says what is wrong
+            vetted = False
+        if type(value) is not dict:
+            _refuse(
+                read,
+                name,
+                number,
+                f'expected a JSON object (a message or {{"messages": [...]}}), found {_json_type(value)}',
             )
         if "messages" in value and not value.keys() & MESSAGE_KEYS:
             batch = value["messages"]
-            if not isinstance(batch, list):
-                raise ImportFormatError(f'{where}: "messages" must be a list, found {_json_type(batch)}', line=number)
+            if type(batch) is not list:
+                _refuse(read, name, number, f'"messages" must be a list, found {_json_type(batch)}')
             for i, message in enumerate(batch):
-                if not isinstance(message, dict):
-                    raise ImportFormatError(
-                        f"{where}: messages[{i}] must be a JSON object, found {_json_type(message)}", line=number
-                    )
+                if type(message) is not dict:
+                    _refuse(read, name, number, f"messages[{i}] must be a JSON object, found {_json_type(message)}")
             if split and current.messages:
                 conversations.append(current)
                 current = Conversation([], [])
-            _check(batch, where, number)
+            read.append((number, batch, vetted))
             current.messages.extend(batch)
             current.lines.extend([number] * len(batch))
             if split:
                 conversations.append(current)
                 current = Conversation([], [])
         else:
-            _check([value], where, number)
+            read.append((number, [value], vetted))
             current.messages.append(value)
             current.lines.append(number)
+    _check_all(read, name)
     if current.messages or not conversations:
         conversations.append(current)
     return conversations
 
 
-def _check(messages: list[dict[str, Any]], where: str, number: int) -> None:
-    for i, message in enumerate(messages):
-        try:
-            codec.canonical(message, i)
-        except InvalidMessageError as e:
-            detail = str(e)
-            if len(messages) == 1 and detail.startswith("messages[0]"):
-                detail = "message" + detail[len("messages[0]") :]
-            raise ImportFormatError(f"{where}: {detail}", line=number) from None
+_decode = msgspec.json.Decoder().decode
+
+
+def _parse(line: str, read: list[tuple[int, list[dict[str, Any]], bool]], name: str, number: int) -> Any:
+    """A line msgspec refused, parsed by the standard library: its error names what is wrong
+    (or it reads a value msgspec refuses to, such as a lone surrogate, that the check names)."""
+    try:
+        return json.loads(line, parse_constant=_reject_constant)
+    except ValueError as e:
+        _refuse(read, name, number, f"not valid JSON ({e})")
+    except RecursionError:
+        _refuse(read, name, number, "nested too deeply to read")
+
+
+def _refuse(read: list[tuple[int, list[dict[str, Any]], bool]], name: str, number: int, what: str) -> NoReturn:
+    """Raise the error of line ``number``, unless a line before it holds a message that cannot
+    be stored: the first bad line is the one named."""
+    _check_all(read, name)
+    raise ImportFormatError(f"{name}:{number}: {what}", line=number)
+
+
+def _check_all(read: list[tuple[int, list[dict[str, Any]], bool]], name: str) -> None:
+    """Raise :class:`ImportFormatError` for the first message of ``read`` that cannot be stored."""
+    lines = read
+    if codec.plain_batch([message for _, messages, vetted in read if vetted for message in messages], ints=True):
+        lines = [line for line in read if not line[2]]  # the common file: every message plain JSON-like
+    for number, messages, _ in lines:
+        for i, message in enumerate(messages):
+            try:
+                codec.canonical(message, i)
+            except InvalidMessageError as e:
+                detail = str(e)
+                if len(messages) == 1 and detail.startswith("messages[0]"):
+                    detail = "message" + detail[len("messages[0]") :]
+                raise ImportFormatError(f"{name}:{number}: {detail}", line=number) from None
 
 
 def _json_type(value: Any) -> str:

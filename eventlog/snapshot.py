@@ -311,6 +311,7 @@ PLAIN_BATCH = 32
 cost more than a loop over a turn's ten, less from about thirty)."""
 
 _DIGEST = type(sha256()).digest
+_DICT = frozenset({dict})
 
 
 def _extend_batch(out: Prepared, reuse: int, parent: bytes, chain: bool, copying: bool) -> bool:
@@ -324,7 +325,7 @@ def _extend_batch(out: Prepared, reuse: int, parent: bytes, chain: bool, copying
     leaves a message that is not JSON-like to it.
     """
     batch = out.raw[reuse:]
-    if not all([type(message) is dict for message in batch]):
+    if not set(map(type, batch)) <= _DICT:
         return False
     copies = [remember(message) for message in batch] if copying else None  # before encoding
     try:
@@ -385,7 +386,7 @@ def release(prepared: Prepared) -> None:
         for j in range(start, stop):
             if fast[kept[j]] == bodies[j]:  # not for a message with `_` keys or scaffolding
                 fast[kept[j]] = RELEASED
-    prepared.released_bytes += sum(len(body) for body in bodies[start:stop] if body is not None)
+    prepared.released_bytes += sum(map(len, filter(None, bodies[start:stop])))  # a body is never empty
     prepared.released = stop  # first: a body still held below it is only encoded again
     bodies[start:stop] = [None] * (stop - start)
 

@@ -110,13 +110,15 @@ def test_commit_scenario(tmp_path: Path) -> None:
 
 
 def test_audit_scenario(tmp_path: Path) -> None:
-    result = bench_audit.run(scratch_dir=tmp_path, messages=40, leaves=300)
+    result = bench_audit.run(scratch_dir=tmp_path, messages=40, leaves=300, redaction_events=(60,))
     assert [(r["mode"], r["batch"]) for r in result["commits"]] == [("full", 10), ("none", 10), ("none", 1)]
     for row in result["commits"]:
         assert row["commits"] >= 4 and row["share"] > 0 and row["tree_step_us"] > 0
     inclusion, consistency = result["proofs"]
     assert inclusion["hashes"] == 9 and 0 < consistency["hashes"] <= 2 * 9  # ceil(log2(300)) = 9
     assert result["signing"]["sign_us"] > 0
+    (redaction,) = result["redactions"]
+    assert redaction["events"] >= 60 and redaction["early_ms"] > 0 and redaction["copy_ms"] > 0
     print(bench_audit.render(result))
 
 
@@ -453,3 +455,20 @@ def test_the_import_floor_chains_what_a_flush_stores(tmp_path: Path) -> None:
     with EventLog.open(tmp_path / "log", durability="none") as log:
         assert log.flush("s", messages).head == head.hex()
     assert frontier.size == 1  # one leaf per flush, as the log's tree
+
+
+def test_projection_redaction_scenario(tmp_path: Path) -> None:
+    from benchmarks import bench_projection_redaction
+    from eventlog import EventLog
+
+    if not hasattr(EventLog, "redact"):
+        pytest.skip("EventLog.redact is not built yet")
+    result = bench_projection_redaction.run(scratch_dir=tmp_path, messages=300, rounds=1)
+    _check_rows(result["rows"])
+    assert [r["system"] for r in result["rows"]] == [
+        bench_projection_redaction.IN_PLACE,
+        bench_projection_redaction.EXCLUSIVE,
+        bench_projection_redaction.ERASING,
+    ]
+    assert all(r["runs"] == 1 and r["ratio"] > 0 for r in result["rows"])
+    print(bench_projection_redaction.render(result))

@@ -51,7 +51,7 @@ odd = st.sampled_from(
     ]
 )
 numbers = st.sampled_from([0, 1, -1, 2**63 - 1, 2**64 - 1, True, False, 0.0, -0.0, 2.5, 1e300, math.inf, -math.inf])
-leaves = st.one_of(st.none(), st.text(max_size=6), numbers, st.floats(), odd)
+leaves = st.one_of(st.none(), st.text(max_size=6), numbers, st.floats(), st.integers(-(2**70), 2**70), odd)
 keys = st.one_of(st.text(max_size=4), st.sampled_from(["_", "_x", "a_", ""]), st.sampled_from([1, None, Text("k")]))
 values = st.recursive(
     leaves,
@@ -90,7 +90,7 @@ def batch_check(request, monkeypatch):
 @given(st.lists(messages, max_size=6))
 def test_the_c_walk_answers_as_the_python_passes(batch):
     python = codec.plain_batch_python(batch)
-    assert codec._plain.plain_batch(batch, MAX_DEPTH) == python
+    assert codec._plain.plain_batch(batch, MAX_DEPTH, False) == python
     if python:  # a batch shown plain is one the per-message inspection passes
         for i, message in enumerate(batch):
             try:
@@ -98,6 +98,12 @@ def test_the_c_walk_answers_as_the_python_passes(batch):
             except Exception:
                 continue  # not what plain_batch is asked about: the flush inspects it anyway
             assert codec.inspect(message, i) is False
+    checked = codec.plain_batch_python(batch, ints=True)
+    assert codec._plain.plain_batch(batch, MAX_DEPTH, True) == checked
+    assert checked <= python
+    if checked:  # with its ints checked, a batch shown plain is one canonical() takes whole
+        for i, message in enumerate(batch):
+            assert codec.canonical(message, i) == codec.encode(message)
 
 
 @pytest.mark.parametrize("container", ["list", "tuple", "dict"])
@@ -119,6 +125,16 @@ def test_the_edges_of_a_plain_batch(batch_check, container, depth, leaf, plain):
     batch = [{"role": "user"} for _ in range(40)]
     batch[20]["deep"] = nested(depth, leaf, container)
     assert codec.plain_batch(batch) is plain
+
+
+@pytest.mark.parametrize(
+    ("number", "fits"), [(2**64 - 1, True), (2**64, False), (-(2**63), True), (-(2**63) - 1, False), (2**200, False)]
+)
+def test_ints_are_checked_when_asked(batch_check, number, fits):
+    batch = [{"role": "user", "n": 1} for _ in range(40)]
+    batch[39]["content"] = [{"n": number}]
+    assert codec.plain_batch(batch)  # a flush: msgspec's encoding already checked them
+    assert codec.plain_batch(batch, ints=True) is fits
 
 
 def test_what_a_plain_batch_may_not_hold(batch_check):
