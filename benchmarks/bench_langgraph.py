@@ -92,10 +92,14 @@ class Script:
         self.result = text(rng, 1000)
 
 
-def build(script: Script, checkpointer: Any) -> Any:
-    """START -> agent -> (tools -> agent)* -> END; the agent's reply is the script's next one."""
+def build(script: Script, checkpointer: Any, *, always_tools: bool = False) -> Any:
+    """START -> agent -> (tools -> agent)* -> END; the agent's reply is the script's next one.
+
+    ``always_tools``: every user message gets a tool call, then an answer (a turn of five
+    checkpoints and four writes, whatever the thread held before).
+    """
     from langchain_core.language_models.fake_chat_models import FakeMessagesListChatModel
-    from langchain_core.messages import AIMessage
+    from langchain_core.messages import AIMessage, HumanMessage
     from langchain_core.tools import tool
     from langgraph.graph import START, MessagesState, StateGraph
     from langgraph.prebuilt import ToolNode, tools_condition
@@ -108,9 +112,19 @@ def build(script: Script, checkpointer: Any) -> Any:
         return result
 
     def agent(state: MessagesState) -> dict[str, Any]:
-        done = sum(isinstance(m, AIMessage) for m in state["messages"])
-        model = FakeMessagesListChatModel(responses=[script.replies[done % len(script.replies)]])
-        return {"messages": [model.invoke(state["messages"])]}
+        messages = state["messages"]
+        if always_tools:
+            n = len(messages)
+            if isinstance(messages[-1], HumanMessage):
+                call = script.replies[0]
+                calls = [{**call.tool_calls[0], "id": f"call-{n}"}]
+                reply = call.model_copy(update={"id": f"ai-{n}-call", "tool_calls": calls})
+            else:
+                reply = script.replies[1].model_copy(update={"id": f"ai-{n}"})
+        else:
+            reply = script.replies[sum(isinstance(m, AIMessage) for m in messages) % len(script.replies)]
+        model = FakeMessagesListChatModel(responses=[reply])
+        return {"messages": [model.invoke(messages)]}
 
     graph = StateGraph(MessagesState)
     graph.add_node("agent", agent)
@@ -126,8 +140,11 @@ def timed(cls: type) -> type:
 
     class Timed(cls):  # type: ignore[misc, valid-type]
         spent_ns = 0
+        calls = 0
+        """put and put_writes calls: one transaction each for LangGraph's savers."""
 
         def put(self, *args: Any, **kwargs: Any) -> Any:
+            self.calls += 1
             start = now_ns()
             try:
                 return super().put(*args, **kwargs)
@@ -135,6 +152,7 @@ def timed(cls: type) -> type:
                 self.spent_ns += now_ns() - start
 
         def put_writes(self, *args: Any, **kwargs: Any) -> Any:
+            self.calls += 1
             start = now_ns()
             try:
                 return super().put_writes(*args, **kwargs)
@@ -150,6 +168,34 @@ def timed(cls: type) -> type:
 
     Timed.__name__ = cls.__name__
     return Timed
+
+
+def _commits(saver: Any) -> int:
+    """Transactions a saver committed: the log's own count for ours, a call count for LangGraph's."""
+    from eventlog.integrations.langgraph import EventLogSaver
+
+    return int(saver.log.info()["commits"]) if isinstance(saver, EventLogSaver) else int(saver.calls)
+
+
+def breakdown(saver: Any, thread: str) -> list[dict[str, Any]]:
+    """Where an EventLogSaver's rows are: per session of the thread, rows and their bytes (JSON)."""
+    from eventlog.integrations.langgraph import SEP
+
+    out = []
+    for sid in saver.log.sessions():
+        if sid != thread and not sid.startswith(thread + SEP):
+            continue
+        rows = saver.log.messages(sid)
+        kinds: dict[str, int] = {}
+        for row in rows:
+            kind = {"c": "checkpoint", "w": "writes"}.get(row.get("k"), "message") if SEP in sid else "message"
+            kinds[kind] = kinds.get(kind, 0) + 1
+        size = sum(len(json.dumps(row, separators=(",", ":")).encode()) for row in rows)
+        name = sid.replace(SEP, "␟")
+        out.append(
+            {"session": name, "rows": len(rows), "kinds": kinds, "mb": size / 1e6, "per_row": size / max(1, len(rows))}
+        )
+    return out
 
 
 def postgres_dsn() -> str | None:
@@ -289,6 +335,9 @@ def storage(found: list[System], root: Path, turns: int, rng: random.Random) -> 
                 point[system.name] = system.size(savers[system.name])
             samples.append(point)
     final = samples[-1]
+    ours = found[0]
+    parts = breakdown(savers[ours.name], "t")
+    parts.append({"session": "(LMDB: whole log)", "rows": "", "kinds": "", "mb": final[ours.name] / 1e6, "per_row": ""})
     rows = [
         {
             "system": system.name,
@@ -301,7 +350,7 @@ def storage(found: list[System], root: Path, turns: int, rng: random.Random) -> 
         }
         for system in found
     ]
-    return {"rows": rows, "samples": samples}
+    return {"rows": rows, "samples": samples, "breakdown": parts}
 
 
 def prefill(script: Script, count: int) -> list[Any]:
@@ -334,12 +383,13 @@ def turn_latency(
             path = root / f"turn-{size}-{index}"
             path.mkdir()
             savers[system.name] = system.open(path)
-            graphs[system.name] = build(script, savers[system.name])
+            graphs[system.name] = build(script, savers[system.name], always_tools=True)
             graphs[system.name].update_state(config("t"), {"messages": history})
-        bare = build(script, None)
+        bare = build(script, None, always_tools=True)
         bare_messages = list(history)
         samples: dict[str, list[int]] = {system.name: [] for system in found}
         inside: dict[str, list[int]] = {system.name: [] for system in found}
+        commits: dict[str, list[int]] = {system.name: [] for system in found}
         samples["no checkpointer (LangGraph alone)"] = []
         names = [*(s.name for s in found), "no checkpointer (LangGraph alone)"]
         with quiet_gc():
@@ -354,18 +404,20 @@ def turn_latency(
                         bare_messages = out["messages"]
                     else:
                         saver = savers[name]
-                        before = saver.spent_ns
+                        before, written = saver.spent_ns, _commits(saver)
                         start = now_ns()
                         graphs[name].invoke(message, config("t"), durability="sync")
                         elapsed = now_ns() - start
                         if turn:
                             inside[name].append(saver.spent_ns - before)
+                            commits[name].append(_commits(saver) - written)
                     if turn:
                         samples[name].append(elapsed)
         for name, values in samples.items():
             row = {"system": name, "messages": size, **summary(values)}
             if name in inside:
                 row["saver_ms"] = summary(inside[name])["median_ms"]
+                row["commits"] = sorted(commits[name])[len(commits[name]) // 2]
             rows.append(row)
         ours = next(r for r in rows if r["messages"] == size and r["system"] == found[0].name)
         for row in rows:
@@ -447,6 +499,13 @@ def render(result: dict[str, Any]) -> str:
             ],
         )
     )
+    lines += ["", f"Where {result['storage']['rows'][0]['system']}'s bytes are (live rows, as JSON)", ""]
+    lines.append(
+        table(
+            result["storage"]["breakdown"],
+            [("session", "session"), ("rows", "rows"), ("kinds", "kinds"), ("mb", "MB"), ("per_row", "bytes/row")],
+        )
+    )
     lines += ["", "Per turn (a tool-calling turn: 5 checkpoints, 4 writes), durability='sync'", ""]
     lines.append(
         table(
@@ -457,6 +516,7 @@ def render(result: dict[str, Any]) -> str:
                 ("median_ms", "median ms"),
                 ("p90_ms", "p90 ms"),
                 ("saver_ms", "in saver ms"),
+                ("commits", "commits"),
                 ("x_ours", "x ours"),
             ],
         )

@@ -36,6 +36,7 @@ import concurrent.futures
 import functools
 import os
 import threading
+import time
 from collections.abc import Callable, Generator, Iterable, Mapping, Sequence
 from types import TracebackType
 from typing import Any, TypeVar
@@ -45,7 +46,7 @@ from .log import EventLog, FlushResult
 from .replay import Occurrence, SessionInfo
 from .verify import VerifyReport
 
-__all__ = ["BATCH_SIZE", "DEFAULT_BATCHES", "DEFAULT_WORKERS", "AsyncEventLog"]
+__all__ = ["BATCH_CPU_S", "BATCH_SIZE", "DEFAULT_BATCHES", "DEFAULT_WORKERS", "AsyncEventLog"]
 
 T = TypeVar("T")
 
@@ -59,10 +60,18 @@ running Python between its syncs is one more thread the loop's thread competes w
 
 
 DEFAULT_BATCHES = 2
-"""Batches of flushes an :class:`AsyncEventLog` writes at once."""
+"""Batches of flushes an :class:`AsyncEventLog` writes at once: while one batch is synced (the
+GIL released), the next one is prepared."""
 
 BATCH_SIZE = 64
 """The most flushes one batch carries."""
+
+BATCH_CPU_S = 0.002
+"""About how long (CPU seconds, measured on the worker) one batch may take to prepare.
+
+A worker holds the GIL while it validates, encodes and hashes a batch, and the event loop's
+thread waits for it when it wakes meanwhile; batches are cut to about this much work (from the
+cost of the batches before), so a loop waits for a worker about this long at most."""
 
 
 def _copy(messages: Any) -> Any:
@@ -119,6 +128,7 @@ class AsyncEventLog:
         self._batches = 0
         self._max_batches = max_batches
         self._batch_size = batch_size
+        self._flush_cpu = BATCH_CPU_S / 8  # CPU seconds a flush of a batch costs (averaged)
 
     @classmethod
     def open(
@@ -439,14 +449,11 @@ class AsyncEventLog:
         left: list[_Flush] = []
         sessions: set[str] = set()
         replace: bool | None = None
+        limit = max(1, min(self._batch_size, int(BATCH_CPU_S / self._flush_cpu)))
         for item in self._pending:
             if item.done.cancelled():
                 continue  # cancelled before a worker took it: dropped
-            if (
-                len(batch) < self._batch_size
-                and item.session_id not in sessions
-                and (replace is None or item.replace is replace)
-            ):
+            if len(batch) < limit and item.session_id not in sessions and (replace is None or item.replace is replace):
                 replace = item.replace
                 sessions.add(item.session_id)
                 batch.append(item)
@@ -463,7 +470,12 @@ class AsyncEventLog:
                 # Earlier calls of these sessions; queued before this batch, so running or done.
                 concurrent.futures.wait(befores)
             live = [item for item in batch if item.done.set_running_or_notify_cancel()]
+            started = time.thread_time()
             self._write_together(live)
+            if live:
+                # What a flush cost this worker (CPU: the GIL held, mostly), for the next batches' size.
+                cost = (time.thread_time() - started) / len(live)
+                self._flush_cpu = 0.7 * self._flush_cpu + 0.3 * max(cost, 1e-6)
         except BaseException as e:
             for item in live:
                 if item.result is None and item.error is None:

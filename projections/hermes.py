@@ -75,6 +75,7 @@ CREATE TABLE IF NOT EXISTS eventlog_rows (
     UNIQUE (seq, idx)
 );
 CREATE UNIQUE INDEX IF NOT EXISTS eventlog_rows_live ON eventlog_rows (session_id, position) WHERE tombstone_seq IS NULL;
+CREATE INDEX IF NOT EXISTS eventlog_rows_body ON eventlog_rows (body_seq, body_idx);
 CREATE TABLE IF NOT EXISTS eventlog_sessions (
     id     TEXT PRIMARY KEY,
     fields TEXT NOT NULL,  -- the projection's session row (JSON list)
@@ -289,12 +290,13 @@ class HermesProjection:
             )
 
     def _add_redacted_column(self) -> None:
-        """A file written before redactions existed gains ``eventlog_rows.redacted_seq``."""
+        """A file written before redactions existed gains ``eventlog_rows.redacted_seq`` and its index."""
         db = self._db_open()
         if not any(row[1] == "redacted_seq" for row in db.execute("PRAGMA table_info(eventlog_rows)")):
             with self._write():
                 if not any(row[1] == "redacted_seq" for row in db.execute("PRAGMA table_info(eventlog_rows)")):
                     db.execute("ALTER TABLE eventlog_rows ADD COLUMN redacted_seq INTEGER")
+                    db.execute("CREATE INDEX IF NOT EXISTS eventlog_rows_body ON eventlog_rows (body_seq, body_idx)")
 
     def _owned(self) -> bool:
         assert self._db is not None

@@ -19,7 +19,8 @@ REPROJECT: Final = "reproject"
 """A migration that recreates the tables empty: every log is projected again."""
 
 MIGRATIONS: dict[int, str] = {
-    2: "ALTER TABLE {schema}.messages ADD COLUMN redacted_seq bigint;\n",
+    2: "ALTER TABLE {schema}.messages ADD COLUMN redacted_seq bigint;\n"
+    "CREATE INDEX messages_body ON {schema}.messages (log_id, body_seq, body_idx);\n",
 }
 """Target version -> SQL (``{schema}`` stands for the schema's quoted name) or :data:`REPROJECT`."""
 
@@ -116,6 +117,8 @@ CREATE TABLE {{schema}}.messages (
 CREATE UNIQUE INDEX messages_live ON {{schema}}.messages (log_id, session_id, position) WHERE tombstone_seq IS NULL;
 CREATE INDEX messages_history ON {{schema}}.messages (log_id, session_id, seq, idx);
 CREATE INDEX messages_search ON {{schema}}.messages USING gin (search) WHERE tombstone_seq IS NULL;
+-- Every row of a stored body (the original, fork copies, carried rows): what a redaction marks.
+CREATE INDEX messages_body ON {{schema}}.messages (log_id, body_seq, body_idx);
 """
 
 TABLES: Final = ("messages", "sessions", "checkpoints", "schema_version")

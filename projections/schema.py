@@ -32,7 +32,8 @@ END;
 
 MIGRATIONS: dict[int, str] = {
     2: "ALTER TABLE checkpoint ADD COLUMN last_hash BLOB;\n" + _FORGET_STALE_HASH,
-    3: "ALTER TABLE messages ADD COLUMN redacted_seq INTEGER;",
+    3: "ALTER TABLE messages ADD COLUMN redacted_seq INTEGER;\n"
+    "CREATE INDEX messages_body ON messages (body_seq, body_idx);",
 }
 """Target version -> SQL script or :data:`REPROJECT`, to go from ``version - 1`` to ``version``.
 
@@ -119,6 +120,8 @@ CREATE TABLE messages (
 CREATE UNIQUE INDEX messages_live ON messages (session_id, position) WHERE tombstone_seq IS NULL;
 CREATE INDEX messages_session ON messages (session_id, id);
 CREATE INDEX messages_platform ON messages (platform_message_id) WHERE platform_message_id IS NOT NULL;
+-- Every row of a stored body (the original, fork copies, carried rows): what a redaction marks.
+CREATE INDEX messages_body ON messages (body_seq, body_idx);
 
 CREATE VIEW live_messages AS SELECT * FROM messages WHERE tombstone_seq IS NULL;
 

@@ -21,6 +21,12 @@ def test_langgraph_benchmark_measures_both_savers(tmp_path: Path) -> None:
     turns = [row for row in result["turn"]["rows"] if row["messages"] == 12]
     assert {row["system"] for row in turns} >= {"eventlog EventLogSaver", "langgraph SqliteSaver"}
     assert all(row["median_ms"] > 0 for row in turns)
+    commits = {row["system"]: row["commits"] for row in turns if "commits" in row}
+    # One transaction per checkpoint and per task's writes, as LangGraph's own saver: nine in the
+    # tool-calling turn (five checkpoints, four writes).
+    assert commits["eventlog EventLogSaver"] == commits["langgraph SqliteSaver"] == 9
+    parts = {part["session"]: part for part in result["storage"]["breakdown"]}
+    assert parts["t"]["rows"] == 12 and parts["t␟checkpoints"]["kinds"]["checkpoint"] > 0
     assert {(row["system"], row["kind"]) for row in result["turn"]["get_tuple"]} >= {
         ("eventlog EventLogSaver", "warm"),
         ("eventlog EventLogSaver", "cold"),

@@ -453,3 +453,20 @@ def test_the_import_floor_chains_what_a_flush_stores(tmp_path: Path) -> None:
     with EventLog.open(tmp_path / "log", durability="none") as log:
         assert log.flush("s", messages).head == head.hex()
     assert frontier.size == 1  # one leaf per flush, as the log's tree
+
+
+def test_projection_redaction_scenario(tmp_path: Path) -> None:
+    from benchmarks import bench_projection_redaction
+    from eventlog import EventLog
+
+    if not hasattr(EventLog, "redact"):
+        pytest.skip("EventLog.redact is not built yet")
+    result = bench_projection_redaction.run(scratch_dir=tmp_path, messages=300, rounds=1)
+    _check_rows(result["rows"])
+    assert [r["system"] for r in result["rows"]] == [
+        bench_projection_redaction.IN_PLACE,
+        bench_projection_redaction.EXCLUSIVE,
+        bench_projection_redaction.ERASING,
+    ]
+    assert all(r["runs"] == 1 and r["ratio"] > 0 for r in result["rows"])
+    print(bench_projection_redaction.render(result))

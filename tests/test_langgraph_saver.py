@@ -58,12 +58,20 @@ def test_turns_with_tool_calls_match_the_in_memory_saver(tmp_path: Path) -> None
 def test_every_checkpoint_reads_back_the_same_from_a_fresh_process(tmp_path: Path) -> None:
     """The history a cached saver serves equals what a saver opened afresh reads from disk."""
     with EventLog.open(tmp_path / "log") as log:
-        graph = agent_graph(scripted(3), EventLogSaver(log))
+        saver = EventLogSaver(log)
+        graph = agent_graph(scripted(3), saver)
         run_turns(graph, "t", 3)
         seen = history_values(graph, "t")
+        # Everything LangGraph put, as the saver that was handed it holds it, and as stored.
+        held = [(c.config, c.checkpoint, c.metadata, c.parent_config, c.pending_writes) for c in saver.list(None)]
     with EventLog.open(tmp_path / "log") as log:
         fresh = agent_graph([], EventLogSaver(log))
         assert history_values(fresh, "t") == seen
+        stored = [
+            (c.config, c.checkpoint, c.metadata, c.parent_config, c.pending_writes)
+            for c in fresh.checkpointer.list(None)
+        ]
+        assert stored == held and len(held) == len(seen)
     lengths = [len(messages) for _, messages in seen]
     assert lengths == sorted(lengths, reverse=True) and lengths[0] == 3 * 2 + 2 * 2
 

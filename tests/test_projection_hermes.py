@@ -202,3 +202,21 @@ def test_session_titles_hermes_keeps_unique_are_told_apart(home: Path, log: Even
         log.update_session("b", title="Renamed")
         inc.catch_up(log)
         assert {s["id"]: s["title"] for s in inc.sessions()} == {"a": "Same", "b": "Renamed", "c": "Other"}
+
+
+def test_a_file_written_before_redactions_gains_the_redacted_column(tmp_path: Path, log: EventLog) -> None:
+    log.flush("s", [{"role": "user", "content": "kept"}])
+    with HermesProjection(tmp_path / "state.db") as state:
+        state.catch_up(log)
+    db = sqlite3.connect(tmp_path / "state.db")  # as the projection wrote it before
+    db.execute("DROP INDEX eventlog_rows_body")
+    db.execute("ALTER TABLE eventlog_rows DROP COLUMN redacted_seq")
+    db.commit()
+    db.close()
+    with HermesProjection(tmp_path / "state.db") as state:
+        assert [r["redacted_seq"] for r in state.messages("s")] == [None]
+        log.flush("s", [{"role": "user", "content": "kept"}, {"role": "assistant", "content": "more"}])
+        assert state.catch_up(log) == 1
+    db = sqlite3.connect(tmp_path / "state.db")
+    assert db.execute("SELECT count(*) FROM sqlite_master WHERE name = 'eventlog_rows_body'").fetchone() == (1,)
+    db.close()

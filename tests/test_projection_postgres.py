@@ -215,6 +215,7 @@ def test_a_schema_of_version_1_gains_redacted_seq_in_place(
         log.flush("s", [user("kept")])
         pg.catch_up(log)
         with psycopg.connect(postgres_dsn, autocommit=True) as conn:  # back to what version 1 wrote
+            conn.execute(f'DROP INDEX "{pg.schema}".messages_body')
             conn.execute(f'ALTER TABLE "{pg.schema}".messages DROP COLUMN redacted_seq')
             conn.execute(f'UPDATE "{pg.schema}".schema_version SET version = 1')
         with PostgresProjection(postgres_dsn, schema=pg.schema) as again:
@@ -224,6 +225,7 @@ def test_a_schema_of_version_1_gains_redacted_seq_in_place(
             assert again.catch_up(log) == 1
         with psycopg.connect(postgres_dsn) as conn:
             assert conn.execute(f'SELECT version FROM "{pg.schema}".schema_version').fetchone() == (2,)
+            assert conn.execute("SELECT to_regclass(%s)", (f'"{pg.schema}".messages_body',)).fetchone()[0] is not None
 
 
 class _MidwayOther:

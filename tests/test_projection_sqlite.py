@@ -266,6 +266,7 @@ def test_the_checkpoint_gains_the_last_events_hash_by_migration(tmp_path: Path, 
     db = sqlite3.connect(tmp_path / "p.db")  # back to what version 1 wrote
     db.execute("DROP TRIGGER checkpoint_stale_hash")
     db.execute("ALTER TABLE checkpoint DROP COLUMN last_hash")
+    db.execute("DROP INDEX messages_body")
     db.execute("ALTER TABLE messages DROP COLUMN redacted_seq")
     db.execute("PRAGMA user_version = 1")
     db.commit()

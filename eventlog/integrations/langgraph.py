@@ -31,6 +31,7 @@ from __future__ import annotations
 import base64
 import builtins
 import dataclasses
+import operator
 import threading
 from collections.abc import AsyncIterator, Iterator, Sequence
 from contextlib import contextmanager
@@ -61,7 +62,15 @@ from langgraph.checkpoint.base import (  # noqa: E402
 )
 from langgraph.checkpoint.serde.base import SerializerProtocol  # noqa: E402
 
-from .langgraph_messages import SERDE_KEY, MessageCodec, is_message_list, is_plain, snapshot, unchanged  # noqa: E402
+from .langgraph_messages import (  # noqa: E402
+    SERDE_KEY,
+    MessageCodec,
+    copy,
+    is_message_list,
+    is_plain,
+    snapshot,
+    unchanged,
+)
 from .langgraph_rows import (  # noqa: E402
     HEAD_CHARS,
     decode_checkpoint,
@@ -119,6 +128,12 @@ def transcript_session(thread_id: str, checkpoint_ns: str, channel: str) -> str:
     return name
 
 
+_FIELDS = operator.attrgetter("__dict__")
+_EXTRA = operator.attrgetter("__pydantic_extra__")
+_FIRST = operator.itemgetter(0)
+_SECOND = operator.itemgetter(1)
+
+
 def _short(head: str | None) -> str | None:
     """The part of a head node digest a reference keeps."""
     return head[:HEAD_CHARS] if head else None
@@ -147,6 +162,13 @@ class _Transcript:
         """How many leading ``messages`` are the very objects held here, unchanged."""
         objects, snaps = self.objects, self.snaps
         n = min(len(objects), len(messages))
+        given = messages[:n]
+        if (  # the common case, in C loops: all of them, untouched
+            all(map(operator.is_, given, objects))
+            and all(map(operator.eq, map(_FIELDS, given), map(_FIRST, snaps)))
+            and all(map(operator.eq, map(_EXTRA, given), map(_SECOND, snaps)))
+        ):
+            return n
         for i in range(n):
             message = messages[i]
             if message is not objects[i] or not unchanged(message, snaps[i]):
@@ -164,18 +186,24 @@ class _Transcript:
         return self.nodes[length - 1].hex()[:HEAD_CHARS]
 
     def extended(self, messages: Sequence[BaseMessage], rows: list[dict[str, Any]]) -> _Transcript:
-        """A copy with ``messages`` (stored as ``rows``) appended; its head is computed here."""
+        """This transcript with ``messages`` (stored as ``rows``) appended, its head computed here.
+
+        The lists are extended in place and shared with the result: a write that does not
+        commit must drop this entry (:meth:`EventLogSaver._retrying` does).
+        """
         if self.nodes is None:
             self.nodes = _chain(ZERO, self.rows)
-        nodes = self.nodes + _chain(self.nodes[-1] if self.nodes else ZERO, rows)
-        return _Transcript(
-            self.objects + list(messages),
-            self.rows + rows,
-            self.snaps + [snapshot(m) for m in messages],
-            nodes[-1].hex(),
-            nodes,
-            self.pending,
-            self.base,
+        self.nodes.extend(_chain(self.nodes[-1] if self.nodes else ZERO, rows))
+        self.objects.extend(messages)
+        self.rows.extend(rows)
+        self.snaps.extend(snapshot(m) for m in messages)
+        return dataclasses.replace(self, head=self.nodes[-1].hex())
+
+    def untouched(self, start: int, stop: int) -> bool:
+        """Whether messages ``start..stop`` still equal what they were when stored (C loops)."""
+        objects, snaps = self.objects[start:stop], self.snaps[start:stop]
+        return all(map(operator.eq, map(_FIELDS, objects), map(_FIRST, snaps))) and all(
+            map(operator.eq, map(_EXTRA, objects), map(_SECOND, snaps))
         )
 
 
@@ -201,6 +229,8 @@ class _Plan:
     appends: dict[str, list[dict[str, Any]]] = field(default_factory=dict)
     expected: dict[str, str] = field(default_factory=dict)
     transcripts: dict[str, _Transcript] = field(default_factory=dict)
+    heads: dict[str, str | None] = field(default_factory=dict)
+    """Session heads read for this transaction (its compare-and-set checks them)."""
 
     def append(self, session_id: str, rows: list[dict[str, Any]], expected: str | None) -> None:
         if session_id in self.appends:
@@ -237,18 +267,19 @@ class _Thread:
         """The full form of a stored row (read in order: a checkpoint after its parent)."""
         kind = stored.get("k")
         if kind == "c":
-            return decode_checkpoint(stored, self.parent, self.sessions)
+            return decode_checkpoint(stored, self.parent, self.latest_id, self.sessions)
         if kind == "w":
-            return decode_writes(stored, self.sessions)
+            return decode_writes(stored, self.latest_id, self.sessions)
         return stored
 
     def compact(self, row: dict[str, Any]) -> dict[str, Any]:
         """The stored form of a full row, a checkpoint as changes to its parent when that is known."""
         sessions = self.sessions(row["ns"])
+        latest = self.latest_id(row["ns"])
         if row["kind"] == "writes":
-            return encode_writes(row, sessions)
+            return encode_writes(row, latest, sessions)
         parent = self.parent(row["ns"], row["parent"]) if row["parent"] else None
-        return encode_checkpoint(row, parent, sessions)
+        return encode_checkpoint(row, parent, latest, sessions)
 
     def apply(self, row: dict[str, Any]) -> None:
         self.rows.append(row)
@@ -264,6 +295,10 @@ class _Thread:
     def latest(self, ns: str) -> dict[str, Any] | None:
         found = self.checkpoints.get(ns)
         return found[max(found)] if found else None
+
+    def latest_id(self, ns: str) -> str | None:
+        found = self.checkpoints.get(ns)
+        return max(found) if found else None
 
 
 class EventLogSaver(BaseCheckpointSaver[int]):
@@ -364,12 +399,21 @@ class EventLogSaver(BaseCheckpointSaver[int]):
             thread.blobs_head = results[blobs_session(thread_id)].head
 
     def _retrying(self, thread_id: str, step: Any) -> Any:
-        """Run ``step()`` (which commits once), again after a conflict with another writer."""
+        """Run ``step(plan)`` (which commits ``plan`` once), again after a conflict with another writer.
+
+        When the plan does not commit, the transcripts it extended are dropped: they are read
+        again from the log when next needed.
+        """
         for _ in range(8):
+            plan = _Plan()
             try:
-                return step()
+                return step(plan)
             except ConflictError:  # another process wrote the thread meanwhile: read it again, go after it
                 self._forget(thread_id)
+            except BaseException:
+                for sid in plan.transcripts:
+                    self._transcripts.pop(sid, None)
+                raise
         raise ConflictError(f"thread {thread_id!r}: its sessions keep moving; try again")
 
     def _blobs(self, thread_id: str, thread: _Thread, *, fresh: bool = True) -> dict[str, tuple[str, str]]:
@@ -445,12 +489,16 @@ class EventLogSaver(BaseCheckpointSaver[int]):
 
     def _entry(self, sid: str, plan: _Plan | None = None) -> _Transcript | None:
         """What this saver knows of transcript ``sid`` (as ``plan`` will leave it), if still its head."""
-        if plan is not None and sid in plan.transcripts:
+        if plan is None:
+            plan = _Plan()
+        elif sid in plan.transcripts:
             return plan.transcripts[sid]
         cached = self._transcripts.get(sid)
-        if cached is not None and self.log.head(sid) == cached.head:
-            return cached
-        return None
+        if cached is None:
+            return None
+        if sid not in plan.heads:
+            plan.heads[sid] = self.log.head(sid)
+        return cached if plan.heads[sid] == cached.head else None
 
     def _loaded(self, sid: str, plan: _Plan) -> _Transcript | None:
         """Transcript ``sid`` as known, else as read from the log (None when it changes meanwhile)."""
@@ -570,7 +618,7 @@ class EventLogSaver(BaseCheckpointSaver[int]):
         with self._lock:
             entry = self._loaded(sid, _Plan())
             if entry is not None and length <= len(entry.objects) and entry.node(length) == head:
-                for i in range(start, length):
+                for i in range(start, length) if not entry.untouched(start, length) else ():
                     if not unchanged(entry.objects[i], entry.snaps[i]):  # edited in place since: read the row
                         fresh = from_row(entry.rows[i])
                         entry.objects[i] = fresh
@@ -620,12 +668,14 @@ class EventLogSaver(BaseCheckpointSaver[int]):
         full_metadata = get_checkpoint_metadata(config, metadata)
         with self._lock:
             self._retrying(
-                thread_id, lambda: self._put(thread_id, ns, parent_id, checkpoint, full_metadata, new_versions)
+                thread_id,
+                lambda plan: self._put(plan, thread_id, ns, parent_id, checkpoint, full_metadata, new_versions),
             )
         return {"configurable": {"thread_id": thread_id, "checkpoint_ns": ns, "checkpoint_id": checkpoint["id"]}}
 
     def _put(
         self,
+        plan: _Plan,
         thread_id: str,
         ns: str,
         parent_id: str | None,
@@ -639,7 +689,6 @@ class EventLogSaver(BaseCheckpointSaver[int]):
         parent_versions = parent_checkpoint.get("channel_versions", {}) if type(parent_checkpoint) is dict else {}
         values = checkpoint["channel_values"]
         key = (ns, checkpoint["id"])
-        plan = _Plan()
         refs: dict[str, Any] = {}
         blobs: dict[str, dict[str, Any]] = {}
         later = []
@@ -666,7 +715,7 @@ class EventLogSaver(BaseCheckpointSaver[int]):
             "id": checkpoint["id"],
             "parent": parent_id,
             "checkpoint": None,
-            "metadata": self._plain_or_serde(metadata),
+            "metadata": self._plain_or_serde(copy(metadata)),
             "values": refs,
         }
         for channel in later:  # the graph's input ({"messages": [...]}): after the messages it will join
@@ -681,7 +730,8 @@ class EventLogSaver(BaseCheckpointSaver[int]):
                     slices[name] = found
             whole = len(slices) == len(value) if slices else False
             refs[channel] = {"slices_by_key": slices} if whole else self._ref(value, blobs)
-        rest = {key: value for key, value in checkpoint.items() if key != "channel_values"}
+        # A copy: LangGraph goes on changing the dicts it handed over (versions) after put returns.
+        rest = {key: copy(value) for key, value in checkpoint.items() if key != "channel_values"}
         row["checkpoint"] = rest if is_plain(rest) else {SERDE_KEY: list(self._ref_inline(rest))}
         self._plan_blobs(thread_id, thread, blobs, plan)
         self._commit(thread_id, thread, plan, [row])
@@ -694,7 +744,7 @@ class EventLogSaver(BaseCheckpointSaver[int]):
         entry = self._entry(sid, plan)
         if entry is not None and entry.pending == key and entry.base == ref["length"]:
             return entry.node(ref["length"]) == _short(ref["head"])
-        head = entry.head if entry is not None else self.log.head(sid)
+        head = entry.head if entry is not None else plan.heads.get(sid) or self.log.head(sid)
         return _short(head) == _short(ref["head"])
 
     def put_writes(
@@ -715,16 +765,22 @@ class EventLogSaver(BaseCheckpointSaver[int]):
         checkpoint_id = conf["checkpoint_id"]
         with self._lock:
             self._retrying(
-                thread_id, lambda: self._put_writes(thread_id, ns, checkpoint_id, writes, task_id, task_path)
+                thread_id, lambda plan: self._put_writes(plan, thread_id, ns, checkpoint_id, writes, task_id, task_path)
             )
 
     def _put_writes(
-        self, thread_id: str, ns: str, checkpoint_id: str, writes: Sequence[tuple[str, Any]], task_id: str, path: str
+        self,
+        plan: _Plan,
+        thread_id: str,
+        ns: str,
+        checkpoint_id: str,
+        writes: Sequence[tuple[str, Any]],
+        task_id: str,
+        path: str,
     ) -> None:
         thread = self._thread(thread_id)
         stored = thread.writes.get((ns, checkpoint_id), {})
         checkpoint = thread.parent(ns, checkpoint_id)
-        plan = _Plan()
         blobs: dict[str, dict[str, Any]] = {}
         entries = []
         for idx, (channel, value) in enumerate(writes):
@@ -772,7 +828,7 @@ class EventLogSaver(BaseCheckpointSaver[int]):
 
     def _tuple(self, thread_id: str, thread: _Thread, row: dict[str, Any]) -> CheckpointTuple:
         ns = row["ns"]
-        checkpoint = dict(self._unplain(row["checkpoint"]))
+        checkpoint = copy(self._unplain(row["checkpoint"]))  # LangGraph changes the versions of what it gets
         checkpoint["channel_values"] = {
             channel: self._load(thread_id, thread, ref) for channel, ref in row["values"].items()
         }
@@ -786,8 +842,8 @@ class EventLogSaver(BaseCheckpointSaver[int]):
         parent = row["parent"]
         return CheckpointTuple(
             config={"configurable": {"thread_id": thread_id, "checkpoint_ns": ns, "checkpoint_id": row["id"]}},
-            checkpoint=checkpoint,  # type: ignore[arg-type]
-            metadata=dict(self._unplain(row["metadata"])),  # type: ignore[arg-type]
+            checkpoint=checkpoint,
+            metadata=copy(self._unplain(row["metadata"])),
             parent_config=(
                 {"configurable": {"thread_id": thread_id, "checkpoint_ns": ns, "checkpoint_id": parent}}
                 if parent

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import base64
 import math
+from itertools import repeat
 from typing import Any
 
 from langchain_core.messages import (
@@ -64,15 +65,15 @@ def is_plain(value: Any, depth: int = 0) -> bool:
     return False
 
 
-def _copy(value: Any) -> Any:
+def copy(value: Any) -> Any:
     """A copy of the containers of ``value`` sharing its leaves (strings are never copied)."""
     kind = type(value)
     if kind is dict:
-        return {key: _copy(item) for key, item in value.items()}
+        return {key: copy(item) for key, item in value.items()}
     if kind is list:
-        return [_copy(item) for item in value]
+        return [copy(item) for item in value]
     if kind is tuple:
-        return tuple(_copy(item) for item in value)
+        return tuple(copy(item) for item in value)
     return value
 
 
@@ -168,7 +169,7 @@ def _row(message: BaseMessage, compact: bool) -> dict[str, Any] | None:
 
 def snapshot(message: BaseMessage) -> tuple[Any, Any]:
     """What :func:`unchanged` compares ``message`` with later (a copy of its containers)."""
-    return _copy(message.__dict__), _copy(message.__pydantic_extra__)
+    return copy(message.__dict__), copy(message.__pydantic_extra__)
 
 
 def unchanged(message: BaseMessage, snap: tuple[Any, Any]) -> bool:
@@ -178,4 +179,4 @@ def unchanged(message: BaseMessage, snap: tuple[Any, Any]) -> bool:
 
 def is_message_list(value: Any) -> bool:
     """A non-empty list of LangChain messages (the ``messages`` channel of ``MessagesState``)."""
-    return type(value) is list and bool(value) and all(isinstance(item, BaseMessage) for item in value)
+    return type(value) is list and bool(value) and all(map(isinstance, value, repeat(BaseMessage)))

@@ -25,6 +25,7 @@ References (full form -> compact form):
 from __future__ import annotations
 
 from collections.abc import Callable
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 __all__ = ["HEAD_CHARS", "decode_checkpoint", "decode_ref", "decode_writes", "encode_checkpoint", "encode_writes"]
@@ -46,7 +47,7 @@ def encode_ref(ref: dict[str, Any], own: str) -> dict[str, Any]:
             out["s"] = ref["session"]
         return out
     if "type" in ref:
-        return {"t": ref["type"], "b": ref["data"]}
+        return {"t": ref["type"], "b": ref["data"]} if ref["data"] else {"t": ref["type"]}
     if "blob" in ref:
         return {"B": ref["blob"]}
     if "rows" in ref:
@@ -68,7 +69,7 @@ def decode_ref(stored: dict[str, Any], own: str) -> dict[str, Any]:
             "head": stored["h"] or None,
         }
     if "t" in stored:
-        return {"type": stored["t"], "data": stored["b"]}
+        return {"type": stored["t"], "data": stored.get("b", "")}
     if "B" in stored:
         return {"blob": stored["B"]}
     if "r" in stored:
@@ -92,6 +93,7 @@ def _undelta(old: dict[str, Any], changed: dict[str, Any], gone: list[str]) -> d
 
 
 _FIELDS = ("id", "ts", "channel_versions", "versions_seen")
+_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 
 
 def _split(rest: Any) -> dict[str, Any] | None:
@@ -105,13 +107,51 @@ def _split(rest: Any) -> dict[str, Any] | None:
     return rest
 
 
-def encode_checkpoint(row: dict[str, Any], parent: dict[str, Any] | None, sessions: Sessions) -> dict[str, Any]:
-    """The compact form of full checkpoint ``row``, as what changed since ``parent`` when given."""
+def _time(ts: Any) -> Any:
+    """LangGraph's time stamp (UTC, ISO 8601, microseconds) as microseconds since 1970, when it reads back so."""
+    if type(ts) is not str or not ts.endswith("+00:00"):
+        return ts
+    try:
+        found = datetime.fromisoformat(ts)
+    except ValueError:
+        return ts
+    micros = (found - _EPOCH) // timedelta(microseconds=1)
+    return micros if _stamp(micros) == ts else ts
+
+
+def _stamp(ts: Any) -> Any:
+    return (_EPOCH + timedelta(microseconds=ts)).isoformat() if type(ts) is int else ts
+
+
+def _delta_into(out: dict[str, Any], name: str, new: Any, old: Any) -> None:
+    """``out[name]``: what changed in dict ``new`` since dict ``old`` (``out[name + "x"]``: keys gone)."""
+    if type(new) is dict and type(old) is dict:
+        out[name], gone = _delta(new, old)
+        if gone:
+            out[name + "x"] = gone
+    else:
+        out[name + "="] = new
+
+
+def _undelta_from(stored: dict[str, Any], name: str, old: Any) -> Any:
+    if name + "=" in stored:
+        return stored[name + "="]
+    return _undelta(old, stored.get(name, {}), stored.get(name + "x", []))
+
+
+def encode_checkpoint(
+    row: dict[str, Any], parent: dict[str, Any] | None, latest: str | None, sessions: Sessions
+) -> dict[str, Any]:
+    """The compact form of full checkpoint ``row``, as what changed since ``parent`` when given.
+
+    ``latest`` is the id of the newest checkpoint of the row's namespace stored before it:
+    the parent is left out when it is that one (LangGraph's next step, nearly always).
+    """
     ns = row["ns"]
-    out: dict[str, Any] = {"k": "c", "id": row["id"], "m": row["metadata"]}
+    out: dict[str, Any] = {"k": "c", "id": row["id"]}
     if ns:
         out["ns"] = ns
-    if row["parent"]:
+    if row["parent"] and not (parent is not None and row["parent"] == latest):
         out["p"] = row["parent"]
     rest = _split(row["checkpoint"])
     base = _split(parent["checkpoint"]) if parent is not None else None
@@ -119,76 +159,87 @@ def encode_checkpoint(row: dict[str, Any], parent: dict[str, Any] | None, sessio
         out["x"] = row["checkpoint"]
         base = None
     else:
-        out["ts"] = rest["ts"]
-        others = {key: value for key, value in rest.items() if key not in _FIELDS}
-        if others:
-            out["o"] = others
+        out["ts"] = _time(rest["ts"])
     refs = {channel: encode_ref(ref, sessions(channel)) for channel, ref in row["values"].items()}
     if rest is not None and base is not None and parent is not None:
         out["d"] = 1
-        out["cv"], gone = _delta(rest["channel_versions"], base["channel_versions"])
-        if gone:
-            out["cx"] = gone
-        out["vs"], gone = _delta(rest["versions_seen"], base["versions_seen"])
-        if gone:
-            out["vx"] = gone
+        _delta_into(out, "m", row["metadata"], parent["metadata"])
+        _delta_into(out, "cv", rest["channel_versions"], base["channel_versions"])
+        _delta_into(out, "vs", rest["versions_seen"], base["versions_seen"])
+        _delta_into(out, "o", _others(rest), _others(base))
         old = {channel: encode_ref(ref, sessions(channel)) for channel, ref in parent["values"].items()}
-        out["v"], gone = _delta(refs, old)
-        if gone:
-            out["gx"] = gone
+        _delta_into(out, "v", refs, old)
     else:
+        out["m"] = row["metadata"]
         if rest is not None and "x" not in out:
             out["cv"] = rest["channel_versions"]
             out["vs"] = rest["versions_seen"]
+            out["o"] = _others(rest)
         out["v"] = refs
     return out
 
 
+def _others(rest: dict[str, Any]) -> dict[str, Any]:
+    return {key: value for key, value in rest.items() if key not in _FIELDS}
+
+
 def decode_checkpoint(
-    stored: dict[str, Any], parent_of: Callable[[str, str], dict[str, Any] | None], sessions: Callable[[str], Sessions]
+    stored: dict[str, Any],
+    parent_of: Callable[[str, str], dict[str, Any] | None],
+    latest: Callable[[str], str | None],
+    sessions: Callable[[str], Sessions],
 ) -> dict[str, Any]:
-    """The full checkpoint row of a compact one; ``parent_of(ns, id)`` finds a full row read before."""
+    """The full checkpoint row of a compact one; ``parent_of(ns, id)`` finds a full row read before,
+    ``latest(ns)`` the id of the newest one."""
     ns = stored.get("ns", "")
     own = sessions(ns)
-    parent_id = stored.get("p")
+    delta = bool(stored.get("d"))
+    parent_id = stored.get("p") or (latest(ns) if delta else None)
     row: dict[str, Any] = {"kind": "checkpoint", "ns": ns, "id": stored["id"], "parent": parent_id}
-    row["metadata"] = stored["m"]
-    if stored.get("d"):
+    if delta:
         parent = parent_of(ns, parent_id) if parent_id else None
         base = _split(parent["checkpoint"]) if parent is not None else None
         if parent is None or base is None:
             raise ValueError(f"checkpoint {stored['id']!r} is stored as changes to {parent_id!r}, which was not read")
-        versions = _undelta(base["channel_versions"], stored["cv"], stored.get("cx", []))
-        seen = _undelta(base["versions_seen"], stored["vs"], stored.get("vx", []))
-        changed = {channel: decode_ref(ref, own(channel)) for channel, ref in stored["v"].items()}
-        gone = stored.get("gx", [])
-        values = {channel: ref for channel, ref in parent["values"].items() if channel not in gone}
-        values.update(changed)
+        row["metadata"] = _undelta_from(stored, "m", parent["metadata"])
+        versions = _undelta_from(stored, "cv", base["channel_versions"])
+        seen = _undelta_from(stored, "vs", base["versions_seen"])
+        others = _undelta_from(stored, "o", _others(base))
+        old = {channel: encode_ref(ref, own(channel)) for channel, ref in parent["values"].items()}
+        refs = _undelta_from(stored, "v", old)
+        values = {
+            channel: parent["values"][channel]
+            if channel in old and old[channel] is ref
+            else decode_ref(ref, own(channel))
+            for channel, ref in refs.items()
+        }
     else:
-        versions, seen = stored.get("cv", {}), stored.get("vs", {})
+        row["metadata"] = stored["m"]
+        versions, seen, others = stored.get("cv", {}), stored.get("vs", {}), stored.get("o", {})
         values = {channel: decode_ref(ref, own(channel)) for channel, ref in stored["v"].items()}
     if "x" in stored:
         row["checkpoint"] = stored["x"]
     else:
         row["checkpoint"] = {
             "id": stored["id"],
-            "ts": stored["ts"],
+            "ts": _stamp(stored["ts"]),
             "channel_versions": versions,
             "versions_seen": seen,
-            **stored.get("o", {}),
+            **others,
         }
     row["values"] = values
     return row
 
 
-def encode_writes(row: dict[str, Any], sessions: Sessions) -> dict[str, Any]:
-    """The compact form of full writes ``row``."""
+def encode_writes(row: dict[str, Any], latest: str | None, sessions: Sessions) -> dict[str, Any]:
+    """The compact form of full writes ``row``; the checkpoint is left out when it is ``latest``."""
     out: dict[str, Any] = {
         "k": "w",
-        "c": row["checkpoint"],
         "t": row["task"],
         "w": [[index, channel, encode_ref(ref, sessions(channel))] for index, channel, ref in row["writes"]],
     }
+    if row["checkpoint"] != latest:
+        out["c"] = row["checkpoint"]
     if row["ns"]:
         out["ns"] = row["ns"]
     if row["path"]:
@@ -196,14 +247,16 @@ def encode_writes(row: dict[str, Any], sessions: Sessions) -> dict[str, Any]:
     return out
 
 
-def decode_writes(stored: dict[str, Any], sessions: Callable[[str], Sessions]) -> dict[str, Any]:
+def decode_writes(
+    stored: dict[str, Any], latest: Callable[[str], str | None], sessions: Callable[[str], Sessions]
+) -> dict[str, Any]:
     """The full writes row of a compact one."""
     ns = stored.get("ns", "")
     own = sessions(ns)
     return {
         "kind": "writes",
         "ns": ns,
-        "checkpoint": stored["c"],
+        "checkpoint": stored["c"] if "c" in stored else latest(ns),
         "task": stored["t"],
         "path": stored.get("p", ""),
         "writes": [[index, channel, decode_ref(ref, own(channel))] for index, channel, ref in stored["w"]],
