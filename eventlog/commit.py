@@ -25,7 +25,7 @@ from typing import Any, Protocol, TypeVar
 
 import lmdb
 
-from .errors import CorruptLogError, EventLogError, StorageFullError, translate
+from .errors import EventLogError, StorageFullError, translate
 from .keys import SEQ, event_hash
 from .space import ZeroedSpace
 
@@ -48,8 +48,8 @@ class Target(Protocol):
     events: lmdb._Database
     space: ZeroedSpace | None
     sync_meta: bool
-    """Whether a commit syncs LMDB's meta page itself, after LMDB's writer lock is released
-    (durability ``full``; see :meth:`GroupCommit._sync_meta`)."""
+    """Whether a commit's meta page is synced by the log, after LMDB's writer lock is released
+    (durability ``full``; see :meth:`GroupCommit._make_durable`)."""
 
     def slot(self) -> AbstractContextManager[None]:
         """Count a transaction open (the map is not resized while one is)."""
@@ -61,6 +61,10 @@ class Target(Protocol):
 
     def check_identity(self) -> None:
         """Raise :class:`CorruptLogError` when the files were replaced under the store."""
+        ...
+
+    def sync(self) -> None:
+        """Sync the data file: every commit made before the call survives an OS crash."""
         ...
 
     def grown_size(self) -> int:
@@ -99,7 +103,7 @@ class Tip:
 class Request:
     """A write waiting for (or done by) a group commit."""
 
-    __slots__ = ("abandoned", "body", "done", "error", "lead", "result", "wake", "woken")
+    __slots__ = ("abandoned", "body", "commit", "done", "error", "lead", "result", "wake", "woken")
 
     def __init__(self, body: Callable[[lmdb.Transaction], object]) -> None:
         self.body = body
@@ -109,6 +113,7 @@ class Request:
         self.woken = False  # its wake lock was released (it is released once)
         self.result: object = None
         self.error: BaseException | None = None
+        self.commit = 0  # the number of the commit that stored it (GroupCommit.commits), 0 before
         self.wake = threading.Lock()  # released once, to wake the waiting caller
         self.wake.acquire()
 
@@ -157,6 +162,8 @@ class GroupCommit:
         self.max_group = MAX_GROUP
         self.commits = 0
         self.grouped_writes = 0
+        self.synced = 0  # commits known synced (durability full: their meta pages)
+        self.sync_lock = threading.Lock()  # one sync at a time; those queued behind it often need none
         self.map_filled_by: Request | None = None  # the write a group's map ran out of room in
         self.local = _PerThread()
 
@@ -257,6 +264,7 @@ class GroupCommit:
                     self.queue.remove(request)
         if request.error is not None:
             raise request.error
+        self._make_durable(request)
         return request.result
 
     def _take_lead_left_behind(self, request: Request) -> None:
@@ -296,11 +304,6 @@ class GroupCommit:
             group = [r for r in group if not r.abandoned]
             if not group:
                 return
-        try:
-            self.target.check_identity()
-        except CorruptLogError as e:
-            _fail(group, e)
-            return
         if self.commits % READER_CHECK_EVERY == READER_CHECK_EVERY - 1:
             self.target.env.reader_check()
         while True:
@@ -316,15 +319,15 @@ class GroupCommit:
                 if txn is not None:
                     self.tip.pending = None  # this transaction's own, for _landed()
                     try:
+                        # Checked holding the writer lock: a data file swapped in under it (a
+                        # compacting copy, see Store.vacuum) is seen here, never written through the old map.
+                        self.target.check_identity()
                         if self.target.space is not None:
                             self.target.space.extend(self.target.env.info(), self.commits)
                         self._run_group(txn, group)
                         self.target.seal(txn)
                         txn.commit()
-                        unsynced = self._sync_meta()
                         self._committed(group)  # in the try: an interrupt here is found by _landed()
-                        if unsynced is not None:
-                            _fail(group, unsynced)
                     except _BodyFailed:
                         txn.abort()
                         group[0].done = True
@@ -353,12 +356,8 @@ class GroupCommit:
                         txn.abort()  # nothing to undo if the commit itself went through
                         if self._landed():
                             # Interrupted (Ctrl-C) as LMDB's commit returned: every write of the
-                            # group is stored, and its caller is told so once it is synced;
-                            # only this thread stops.
-                            unsynced = self._sync_meta()
+                            # group is stored, and its caller is told so; only this thread stops.
                             self._committed(group)
-                            if unsynced is not None:
-                                _fail(group, unsynced)
                         else:
                             _fail(group, e if isinstance(e, Exception) else _not_written(self.target.path, e))
                         raise
@@ -366,38 +365,45 @@ class GroupCommit:
                         return
             self.target.resize(grow_to)
 
-    def _sync_meta(self) -> EventLogError | None:
-        """Sync the meta page of the commit just made (durability ``full``); the error when
-        the sync failed.
+    def _make_durable(self, request: Request) -> None:
+        """Return once the commit that stored ``request`` survives an OS crash (durability
+        ``full``); :class:`EventLogError` when the sync failed.
 
         LMDB syncs a commit's data pages, then writes its meta page (the root that makes the
-        commit the log's state); in ``full`` mode the meta page is synced here, once LMDB's
-        writer lock is released, so that other processes' commits run meanwhile instead of
-        queueing behind the sync.  Nothing is lost by the order: a meta page only ever
-        reaches the disk after the pages it names (LMDB's ``MDB_NOMETASYNC``), so an OS crash
-        before this sync rolls the log back to the commit before, never to damage; and the
-        callers are told their writes are stored only after it.  Syncs of several
-        processes run side by side, and the file system merges those that overlap.
+        commit the log's state).  In ``full`` mode the meta page is synced here, by each
+        caller after its commit, with LMDB's writer lock and this store's lead already
+        released: other processes' commits, and the next group of this one, go ahead during
+        the sync.  One sync covers every commit made before it began, so callers queued
+        behind a sync that covers theirs return without one.  Nothing is lost by the order:
+        LMDB writes a meta page only after the pages it names are synced, so an OS crash
+        before this sync rolls the log back to the commit before (never to damage), and no
+        caller was told that commit was stored.
         """
-        if not self.target.sync_meta:
-            return None
-        try:
-            self.target.env.sync(True)
-        except (lmdb.Error, OSError) as e:
-            return EventLogError(
-                f"{self.target.path}: the write is stored, but syncing it to disk failed ({e}): "
-                "it may not survive an OS crash or power loss"
-            )
-        return None
+        if not self.target.sync_meta or request.commit <= self.synced:
+            return
+        with self.sync_lock:
+            if request.commit <= self.synced:
+                return
+            covered = self.commits  # committed before the sync starts: all of them are in it
+            try:
+                self.target.sync()
+            except (lmdb.Error, OSError) as e:
+                raise EventLogError(
+                    f"{self.target.path}: the write is stored, but syncing it to disk failed ({e}): "
+                    "it may not survive an OS crash or power loss"
+                ) from e
+            self.synced = max(self.synced, covered)
 
     def _committed(self, group: list[Request]) -> None:
         """Mark ``group`` stored (run again by the interrupt path when an interrupt cut it short)."""
+        number = self.commits + 1
         for request in group:
+            request.commit = number
             request.done = True
         tip = self.tip
         if tip.pending is not None:
             tip.committed = tip.pending
-        self.commits += 1
+        self.commits = number
         self.grouped_writes += len(group)
         self.last_group = len(group)
 

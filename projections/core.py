@@ -353,7 +353,13 @@ class Applier:
                 f"event {record.seq}: the redacted body ({event.body_seq}, {event.body_index}) is not in the projection"
             )
         message, digest, _ = found
-        if self.log is not None and digest != body_digest(self.log, event):
+        expected = None if self.log is None else body_digest(self.log, event)
+        if self.log is not None and (expected is None or len(expected) != 32):
+            raise ProjectionCorruptError(
+                f"event {record.seq}: the redacted body ({event.body_seq}, {event.body_index}) is not a "
+                "message the log holds"
+            )
+        if expected is not None and digest != expected:
             raise RebuildNeeded(
                 f"event {record.seq}: the projection holds message {event.position} of {event.session!r} "
                 f"(event {event.body_seq}) as it was before its redaction; rebuild(log) to erase it"

@@ -309,8 +309,13 @@ class HermesProjection:
             self._wait(None)
         with self._lock:
             if self._db is not None:
-                self._db.close()
-                self._db = None
+                try:
+                    if self._erase_pending:
+                        with self._translate():
+                            self._truncate_wal(wait=0)
+                finally:
+                    self._db.close()
+                    self._db = None
 
     def __enter__(self) -> HermesProjection:
         return self

@@ -148,6 +148,9 @@ class SQLiteProjection:
                 return
             try:
                 self._sync_search()
+                if self._erase_pending:  # the last connection to close removes the WAL anyway
+                    with self._translate():
+                        self._truncate_wal(wait=0)
             finally:
                 self._db.close()
                 self._db = None  # type: ignore[assignment]

@@ -1,12 +1,15 @@
 """Commits from many processes: when a ``full`` commit is synced, and SIGKILLs of many writers.
 
-In ``full`` mode LMDB syncs a commit's data pages under its writer lock and the log syncs the
-meta page once the lock is released (``GroupCommit._sync_meta``), so that other processes'
-commits need not wait for it.  A write must still be acknowledged only after that sync.
+In ``full`` mode LMDB syncs a commit's data pages under its writer lock and each caller syncs
+the meta page once the lock is released (``GroupCommit._make_durable``), so that other
+processes' commits need not wait for it.  A write must still be acknowledged only after a sync
+begun after its commit.
 """
 
 from __future__ import annotations
 
+import itertools
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -20,36 +23,48 @@ harness = load_script("crash_harness")
 
 
 class _Recorded:
-    """A transaction whose commit is written down in ``calls`` (everything else goes through)."""
+    """A transaction whose commit is written down (everything else goes through)."""
 
-    def __init__(self, txn: Any, calls: list[str]) -> None:
+    def __init__(self, txn: Any, env: _RecordingEnvironment) -> None:
         self._txn = txn
-        self._calls = calls
+        self._env = env
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._txn, name)
 
     def commit(self) -> None:
         self._txn.commit()
-        self._calls.append("commit")
+        self._env.calls.append("commit")
+        self._env.commits.append((next(self._env.clock), self._env.tip.pending[0]))
 
 
 class _RecordingEnvironment:
-    """The store's real LMDB environment, with its write commits and syncs written down in order."""
+    """The store's real LMDB environment, with its write commits and syncs written down in order.
 
-    def __init__(self, env: Any) -> None:
-        self._env = env
+    ``commits``: (time, seq of the commit's last event); ``syncs``: (time begun, time done), on
+    ``clock``, which ticks at each record."""
+
+    def __init__(self, store: Any) -> None:
+        self._env = store.env
+        self.tip = store.tip
         self.calls: list[str] = []
+        self.clock = itertools.count()
+        self.commits: list[tuple[int, int]] = []
+        self.syncs: list[tuple[int, int]] = []
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._env, name)
 
-    def begin(self, write: bool = False, **kwargs: Any) -> Any:
+    def begin(self, write: bool = False, parent: Any = None, **kwargs: Any) -> Any:
+        if parent is not None:  # a nested transaction of a group: not a commit of the log
+            return self._env.begin(write=write, parent=parent._txn, **kwargs)
         txn = self._env.begin(write=write, **kwargs)
-        return _Recorded(txn, self.calls) if write and "parent" not in kwargs else txn
+        return _Recorded(txn, self) if write else txn
 
     def sync(self, force: bool = False) -> None:
+        began = next(self.clock)
         self._env.sync(force)
+        self.syncs.append((began, next(self.clock)))
         self.calls.append("sync")
 
 
@@ -61,7 +76,7 @@ def test_a_full_commit_is_synced_after_the_writer_lock_and_before_it_is_acknowle
         store: Any = log._store
         # LMDB syncs only the data pages itself: the meta page is the log's to sync.
         assert not store.env.flags()["metasync"]
-        recording = _RecordingEnvironment(store.env)
+        recording = _RecordingEnvironment(store)
         store.env = recording
         try:
             log.flush("s", [user("one")])
@@ -73,6 +88,43 @@ def test_a_full_commit_is_synced_after_the_writer_lock_and_before_it_is_acknowle
         assert recording.calls == expected * 2
     with EventLog.open(tmp_path / "log") as log:
         assert [m["content"] for m in log.messages("s")] == ["one", "two"]
+
+
+def test_writes_of_many_threads_are_acknowledged_only_after_a_sync_begun_after_their_commit(tmp_path: Path) -> None:
+    """Each caller syncs after its own commit, with the lead passed on, so the next group commits
+    during the sync; one sync stands for every commit made before it began, and for no other."""
+    with EventLog.open(tmp_path / "log") as log:
+        store: Any = log._store
+        recording = _RecordingEnvironment(store)
+        acks: list[tuple[int, int, str]] = []
+        barrier = threading.Barrier(8)
+
+        def writer(w: int) -> None:
+            messages: list[dict[str, object]] = []
+            barrier.wait()
+            for turn in range(15):
+                messages.append(user(f"{w}/{turn}"))
+                result = log.flush(f"s{w}", messages)
+                acks.append((next(recording.clock), result.seq, f"s{w}"))
+
+        store.env = recording
+        try:
+            threads = [threading.Thread(target=writer, args=(w,)) for w in range(8)]
+            for t in threads:
+                t.start()
+            for t in threads:
+                t.join()
+        finally:
+            store.env = recording._env
+        assert len(acks) == 8 * 15
+        for acked, seq, session in acks:
+            committed = next(time for time, last in recording.commits if last >= seq)
+            assert any(committed < began and done < acked for began, done in recording.syncs), (
+                f"a write of {session} (event {seq}) was acknowledged before a sync that followed its commit"
+            )
+        assert store.grouped_writes > store.commits  # the threads did share commits
+    with EventLog.open(tmp_path / "log") as log:
+        assert all(len(log.messages(f"s{w}")) == 15 for w in range(8))
 
 
 def test_many_writer_processes_killed_mid_commit_lose_and_duplicate_nothing(tmp_path: Path) -> None:

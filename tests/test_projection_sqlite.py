@@ -1239,3 +1239,49 @@ def test_a_projection_of_another_page_size_is_replaced_in_its_own(tmp_path: Path
     assert _holding(tmp_path / "p") == []
     assert sorted(f.name for f in (tmp_path / "p").iterdir()) == ["t.db", "t.db-shm", "t.db-wal"]  # no scratch left
     proj.close()
+
+
+class _ForgedRedaction:
+    """A log with one more event: a redaction naming ``body`` as its body, which no rewrite backs."""
+
+    def __init__(self, log: EventLog, body: tuple[int, int]) -> None:
+        self.log, self.body = log, body
+
+    @property
+    def id(self) -> str:
+        return self.log.id
+
+    @property
+    def last_seq(self) -> int:
+        return self.log.last_seq + 1
+
+    def events(self, after: int = 0) -> Any:
+        from eventlog import events as ev
+        from eventlog.keys import Record
+
+        last = None
+        for last in self.log.events(after=0):
+            if last.seq > after:
+                yield last
+        assert last is not None
+        if after <= last.seq:
+            event = ev.MessageRedacted(
+                session="s", position=0, body_seq=self.body[0], body_index=self.body[1], reason="forged"
+            )
+            yield Record(last.seq + 1, last.time_ns, ev.KIND[ev.MessageRedacted], last.hash, b"\x01" * 32, event)
+
+
+def test_a_redaction_of_a_body_the_log_does_not_hold_is_refused_as_corrupt(log: EventLog, tmp_path: Path) -> None:
+    log.flush("s", [user("one")])
+    log.update_session("s", title="t")  # event 3 holds no message (1 opens the session, 2 appends)
+    with SQLiteProjection(tmp_path / "p.db") as proj:
+        with pytest.raises(ProjectionCorruptError, match=r"redacted body \(3, 0\) is not in the projection"):
+            proj.catch_up(_ForgedRedaction(log, (3, 0)))
+        proj.catch_up(log)
+    db = sqlite3.connect(tmp_path / "p.db")  # a row claiming event 3 as its body: the log has no such message
+    db.execute("UPDATE messages SET seq = 3, idx = 0")
+    db.commit()
+    db.close()
+    with SQLiteProjection(tmp_path / "p.db") as proj:
+        with pytest.raises(ProjectionCorruptError, match=r"redacted body \(3, 0\) is not a message the log holds"):
+            proj.catch_up(_ForgedRedaction(log, (3, 0)))
