@@ -60,6 +60,7 @@ from typing import Any, TypeVar
 
 from .errors import EventLogError
 from .log import EventLog, FlushResult
+from .redact import Redaction
 from .replay import Occurrence, SessionInfo
 from .verify import VerifyReport
 
@@ -318,6 +319,25 @@ class AsyncEventLog:
     async def close_session(self, session_id: str, *, reason: str = "") -> None:
         """:meth:`EventLog.close_session`, awaited."""
         await self._call((session_id,), self._log.close_session, session_id, reason=reason)
+
+    async def redact(
+        self,
+        session_id: str,
+        position: int,
+        *,
+        reason: str,
+        by: str = "",
+        seq: int | None = None,
+        spill_dir: str | os.PathLike[str] | None = None,
+    ) -> list[Redaction]:
+        """:meth:`EventLog.redact`, awaited (after the calls of the session made before it)."""
+        return await self._call(
+            (session_id,), self._log.redact, session_id, position, reason=reason, by=by, seq=seq, spill_dir=spill_dir
+        )
+
+    async def vacuum(self) -> dict[str, int]:
+        """:meth:`EventLog.vacuum`, awaited."""
+        return await self._call((), self._log.vacuum)
 
     # -- reading -------------------------------------------------------------------
 

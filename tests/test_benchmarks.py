@@ -110,13 +110,15 @@ def test_commit_scenario(tmp_path: Path) -> None:
 
 
 def test_audit_scenario(tmp_path: Path) -> None:
-    result = bench_audit.run(scratch_dir=tmp_path, messages=40, leaves=300)
+    result = bench_audit.run(scratch_dir=tmp_path, messages=40, leaves=300, redaction_events=(60,))
     assert [(r["mode"], r["batch"]) for r in result["commits"]] == [("full", 10), ("none", 10), ("none", 1)]
     for row in result["commits"]:
         assert row["commits"] >= 4 and row["share"] > 0 and row["tree_step_us"] > 0
     inclusion, consistency = result["proofs"]
     assert inclusion["hashes"] == 9 and 0 < consistency["hashes"] <= 2 * 9  # ceil(log2(300)) = 9
     assert result["signing"]["sign_us"] > 0
+    (redaction,) = result["redactions"]
+    assert redaction["events"] >= 60 and redaction["early_ms"] > 0 and redaction["copy_ms"] > 0
     print(bench_audit.render(result))
 
 
