@@ -629,7 +629,20 @@ static PyObject *first_changed(PyObject *module, PyObject *const *args, Py_ssize
             PREFETCH(recs[i + 2 * AHEAD]);
             PREFETCH(live[i + 2 * AHEAD]);
         }
-        if (i + AHEAD < end) PREFETCH((const char *)recs[i + AHEAD] + 64);
+        if (i + AHEAD < end) {
+            /* The record asked for AHEAD items ago has arrived: now the containers it recorded
+             * (a tool call's list and dicts), which the check reads from their addresses. */
+            PyObject *ahead = recs[i + AHEAD];
+            PREFETCH((const char *)ahead + 64);
+#if USE_VERSIONS
+            Counts counts;
+            const unsigned char *code, *stop;
+            if (Py_TYPE(ahead) == &RecordType && record_layout((Record *)ahead, &counts, &code, &stop)) {
+                PyObject *const *containers = ((Record *)ahead)->slots + counts.leaves;
+                for (Py_ssize_t k = 1; k < counts.containers && k < 5; k++) PREFETCH(containers[k]);
+            }
+#endif
+        }
         if (!matches(recs[i], live[i])) return PyLong_FromSsize_t(i);
     }
     return PyLong_FromSsize_t(i < stop ? i : stop);
