@@ -16,7 +16,7 @@ import lmdb
 from . import audit, codec
 from . import events as ev
 from . import redact as redaction
-from .errors import InvalidMessageError, LogInUseError
+from .errors import EventLogError, InvalidMessageError, LogInUseError
 from .keys import SessionState
 from .projector import Projection, Projector, bind
 from .redact import Redaction
@@ -713,7 +713,9 @@ class EventLog:
 
         Raises :class:`UnknownSessionError`, ``ValueError`` for a position that is not there
         or an empty ``reason``, :class:`RedactedError` for a message redacted already,
-        :class:`LogInUseError` (nothing written) while another process has the log open.
+        :class:`LogInUseError` (nothing written) while another process has the log open, and
+        :class:`EventLogError` when an attached projection fails to catch up afterwards (the
+        redaction itself is done).
         """
         check_session_id(session_id)
         if not isinstance(reason, str):
@@ -751,7 +753,11 @@ class EventLog:
                 "until `eventlog vacuum` (EventLog.vacuum) runs"
             ) from None
         self._after_write()
-        self.sync_projections()
+        if not self.sync_projections():
+            raise EventLogError(
+                f"{store.path}: the redaction is recorded and erased from the log, but an attached projection "
+                "failed to catch up (logged): it holds the content until it does (sync_projections())"
+            )
         return erased.redactions
 
     def vacuum(self) -> dict[str, int]:

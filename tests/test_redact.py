@@ -353,10 +353,41 @@ def test_the_cli_redacts_and_verify_reports_it(tmp_path):
     again = run(path, "redact", "chat", "1", "--reason", "again")
     assert again.exit_code == 1 and "redacted already" in again.output
     assert run(path, "redact", "chat", "0", "--reason", "").exit_code == 1
+    redone = run(path, "redact", "chat", "0", "--reason", "the greeting too", "--json")
+    assert json.loads(redone.output)["redactions"][0]["position"] == 0
     history = run(path, "history", "chat", "--json")
-    assert [o["redacted"] is not None for o in json.loads(history.output)] == [False, True]
+    assert [o["redacted"] is not None for o in json.loads(history.output)] == [True, True]
     assert files_holding(path, [SECRET.encode()]) == {}
     assert run(path, "vacuum").exit_code == 0
+
+
+def test_the_cli_erases_the_content_from_the_default_projection(tmp_path):
+    path = tmp_path / "log"
+    with EventLog.open(path) as log:
+        log.flush("chat", [user("hi"), secret_message()])
+    assert run(path, "project").exit_code == 0
+    db = tmp_path / "log.sqlite"
+    assert files_holding(tmp_path, [SECRET.encode()])
+    done = run(path, "redact", "chat", "1", "--reason", "leak")
+    assert done.exit_code == 0, done.output
+    assert f"projection {db}: brought up to date" in done.output
+    assert files_holding(tmp_path, [SECRET.encode()]) == {}
+
+
+def test_an_attached_projection_is_erased_before_redact_returns(tmp_path):
+    from projections import SQLiteProjection
+
+    projection = SQLiteProjection(tmp_path / "t.sqlite")
+    with EventLog.open(tmp_path / "log", projections=[projection]) as log:
+        log.flush("chat", [user("hi"), secret_message(), user("thanks")])
+        log.sync_projections()
+        assert files_holding(tmp_path, [SECRET.encode()])
+        log.redact("chat", 1, reason="leak")
+        assert files_holding(tmp_path, [SECRET.encode()]) == {}
+        log.flush("chat", [*log.messages("chat"), user("later")])
+        assert log.sync_projections()
+    projection.close()
+    assert files_holding(tmp_path, [SECRET.encode()]) == {}
 
 
 def test_the_async_log_redacts(tmp_path):
