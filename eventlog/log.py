@@ -16,7 +16,7 @@ import lmdb
 from . import audit, codec
 from . import events as ev
 from . import redact as redaction
-from .errors import EventLogError, InvalidMessageError, LogInUseError
+from .errors import EventLogError, InvalidMessageError, LogInUseError, ReadOnlyError
 from .keys import SessionState
 from .projector import Projection, Projector, bind
 from .redact import Redaction
@@ -725,6 +725,8 @@ class EventLog:
         if not isinstance(by, str):
             raise TypeError(f"by must be a str, not {type(by).__name__}")
         store = self._store
+        if store.readonly:
+            raise ReadOnlyError(f"{store.path}: the log was opened read-only; a redaction writes")
         if store.shared():
             raise LogInUseError(
                 f"{store.path}: another process has the log open; a redaction replaces the data file, "
@@ -736,8 +738,10 @@ class EventLog:
                 erased = store.write(
                     lambda txn: redaction.redact(store, txn, session_id, position, seq=seq, reason=reason, by=by)
                 )
-                # Cached lists hold the erased content's digest: forget them all.
+                # Cached lists hold the erased content's digest, and the buffer events are encoded
+                # into may still hold its bytes: forget them.
                 self._cache.clear()
+                store.buffer.data = bytearray()
         finally:
             with self._turns_guard:
                 turn.users -= 1

@@ -16,7 +16,7 @@ from factories import assistant, tool, user
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from eventlog import EventLog, LogInUseError, RedactedError, UnknownSessionError, codec, signing
+from eventlog import EventLog, LogInUseError, ReadOnlyError, RedactedError, UnknownSessionError, codec, signing
 from eventlog.aio import AsyncEventLog
 from eventlog.audit import AuditError
 from eventlog.cli import cli
@@ -292,6 +292,13 @@ def test_bad_requests_are_refused_and_write_nothing(tmp_path):
             log.redact("chat", 2, reason="nothing to erase")
 
 
+def test_a_read_only_log_refuses_a_redaction(tmp_path):
+    with EventLog.open(tmp_path / "log") as log:
+        log.flush("chat", [user("hi"), secret_message()])
+    with EventLog.open(tmp_path / "log", readonly=True) as log, pytest.raises(ReadOnlyError, match="read-only"):
+        log.redact("chat", 1, reason="leak")
+
+
 def test_a_redaction_is_refused_while_another_process_has_the_log_open(tmp_path):
     path = tmp_path / "log"
     with EventLog.open(path) as log:
@@ -457,6 +464,9 @@ def test_random_redactions_never_break_a_proof_of_another_message(tmp_path_facto
         report = log.verify(checkpoints=[note], keys=[key.verifier()])
         assert report.ok, report.problems
         assert {(r.body_seq, r.body_index) for r in report.redactions} == redacted_bodies
+        for name, held in lists.items():  # the agents still hold their lists: nothing is stored again
+            again = log.flush(name, held)
+            assert (again.appended, again.tombstoned) == (0, 0), name
     for proof, _ in proofs.values():
         if (proof["event"]["seq"], proof["message"]["index"]) in redacted_bodies:
             continue
