@@ -69,12 +69,11 @@ __all__ = ["BATCH_CPU_S", "BATCH_SIZE", "DEFAULT_BATCHES", "DEFAULT_WORKERS", "A
 T = TypeVar("T")
 
 DEFAULT_WORKERS = 8
-"""Worker threads of an :class:`AsyncEventLog`: how many of its calls can be in flight at once
-(and so how many writes one commit can carry).  More calls than this wait their turn in order.
-
-Eight carry about as many turns per second as 32 on the two-core reference machine
-(benchmarks/bench_aio.py), while the event loop waits for the GIL far less: every worker
-running Python between its syncs is one more thread the loop's thread competes with."""
+"""Worker threads of an :class:`AsyncEventLog`: how many of its calls can be in flight at once.
+More calls than this wait their turn in order.  A batch of flushes is one call, so however
+many tasks flush, flushes take at most :data:`DEFAULT_BATCHES` workers and leave the others to
+reads and other writes.  Every worker running Python at the same time is one more thread the
+event loop's thread competes with for the GIL."""
 
 
 DEFAULT_BATCHES = 2

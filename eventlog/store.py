@@ -70,7 +70,7 @@ from .keys import (
     state_key,
 )
 from .space import MIB, RESERVE_FROM, ZeroedSpace, grown_size, reserved_size
-from .tree import CHECKPOINTS_DB, TREE_DB, Tree
+from .tree import CHECKPOINTS_DB, TREE_DB, Tree, leaf_input
 from .upgrade import UPGRADABLE, upgrade
 
 __all__ = [
@@ -556,7 +556,7 @@ class Store:
 
     def seal(self, txn: lmdb.Transaction) -> None:
         """Bring the Merkle tree up to the events of the open write transaction (before its commit)."""
-        self.tree.extend(txn)
+        self.tree.extend(txn, self.tip.pending)
 
     def _init_meta(self) -> bytes:
         def init(txn: lmdb.Transaction) -> bytes:
@@ -894,7 +894,10 @@ class Batch:
         self.seq = seq
         digest = sha256(key)
         digest.update(raw)
-        self.hash = digest.digest()
+        previous, self.hash = self.hash, digest.digest()
+        if type(event) is ev.MessagesAppended and not (event.overrides or event.sealed):
+            # A bulk append's leaf, from the event at hand: the commit's tree step need not read it back.
+            self.store.tree.emitted(seq, previous, self.hash, leaf_input(seq, raw, event))
         self.tip.pending = (seq, self.hash)
         state.last_seq = seq
         state.last_hash = self.hash
