@@ -496,3 +496,41 @@ def test_vacuum_keeps_the_log_usable_in_this_process(tmp_path):
     with EventLog.open(path) as log:
         assert len(log.messages("chat")) == 2
     assert os.stat(path / "data.mdb").st_mode == mode  # the copy has the file's permissions
+
+
+def test_verify_catches_a_redaction_that_kept_the_content(tmp_path):
+    """A forger who puts the content back under the seal (every digest, link and index
+    derived again, as a redaction does) is caught: a sealed body must be a placeholder."""
+    import msgspec
+
+    from eventlog.redact import _rewrite, _Target
+
+    path = tmp_path / "log"
+    with EventLog.open(path) as log:
+        log.flush("chat", [user("hi"), secret_message(), user("thanks")])
+        (done,) = log.redact("chat", 1, reason="leak")
+        store = log._store
+        original = codec.encode(secret_message())
+        target = _Target(msgspec.Raw(original), sha256(original).digest())
+
+        def forge(txn):
+            store.tip.pending = _rewrite(store, txn, {(done.body_seq, done.body_index): target}, done.body_seq)
+
+        store.write(forge)
+        assert log.messages("chat")[1] == secret_message()  # the forgery reads back
+        problems = [str(p) for p in log.verify().problems]
+        assert problems == [f"event {done.body_seq}: message 1 is sealed as redacted but still holds content"]
+
+
+def test_verify_checks_the_redactions_index(tmp_path):
+    from eventlog.keys import redaction_key
+
+    with EventLog.open(tmp_path / "log") as log:
+        log.flush("chat", [user("hi"), secret_message()])
+        (done,) = log.redact("chat", 1, reason="leak")
+        store = log._store
+        store.write(lambda txn: txn.delete(redaction_key(done.body_seq, done.body_index), db=store.redactions))
+        assert [str(p) for p in log.verify().problems] == [
+            "index: the redactions index differs from the redaction events"
+        ]
+        assert log.history("chat")[1].redaction is None  # what the index is for
