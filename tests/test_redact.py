@@ -534,3 +534,36 @@ def test_verify_checks_the_redactions_index(tmp_path):
             "index: the redactions index differs from the redaction events"
         ]
         assert log.history("chat")[1].redaction is None  # what the index is for
+
+
+def test_a_seal_that_is_not_the_signed_commitment_is_caught_by_the_checkpoint(tmp_path, key):
+    """Whoever controls the host can seal any message (erase it) and rebuild the tree, but
+    not to the root a checkpoint signed before: the seal must be the message's commitment."""
+    import msgspec
+
+    from eventlog import events as ev
+    from eventlog.keys import HEADER, SEQ
+    from eventlog.redact import _rewrite
+
+    with EventLog.open(tmp_path / "log") as log:
+        log.flush("chat", [user("hi"), secret_message()])
+        note = log.checkpoint([key])
+        (done,) = log.redact("chat", 1, reason="leak")
+        assert log.verify(checkpoints=[note], keys=[key.verifier()]).ok
+        store = log._store
+
+        def forge(txn):
+            raw = bytes(txn.get(SEQ.pack(done.body_seq), db=store.events))
+            event = ev.decoder.decode(raw[HEADER.size :])
+            forged = msgspec.structs.replace(event, sealed={done.body_index: bytes(32)})
+            txn.put(SEQ.pack(done.body_seq), raw[: HEADER.size] + ev.encoder.encode(forged), db=store.events)
+            store.tip.pending = _rewrite(store, txn, {}, done.body_seq)  # every link resealed
+            store.tree.rebuild(txn)
+
+        store.write(forge)
+        assert log.verify().ok  # intact in itself
+        report = log.verify(checkpoints=[note], keys=[key.verifier()])
+        assert [p.what for p in report.problems] == [
+            "checkpoint: the log's first 2 events are not those the checkpoint signed "
+            "(history rewritten, events deleted, reordered or backdated)"
+        ]
