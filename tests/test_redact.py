@@ -92,7 +92,14 @@ def test_redaction_erases_the_content_from_every_file_and_keeps_every_proof(tmp_
         old_node = bytes.fromhex(log.history("chat")[2].node)
         assert files_holding(path, [*secret_traces, old_node])  # before: it is there
 
+        store = log._store
+        with store.read() as txn:
+            nodes_before = list(store.tree.nodes(txn))
+
         done = log.redact("chat", 2, reason="a leaked API key", by="alice")
+
+        with store.read() as txn:  # the tree only grew by the redaction event's leaf
+            assert list(store.tree.nodes(txn))[: len(nodes_before)] == nodes_before
 
         assert [(r.session, r.position, r.reason, r.by) for r in done] == [("chat", 2, "a leaked API key", "alice")]
         assert files_holding(path, [*secret_traces, old_node]) == {}
