@@ -7,7 +7,10 @@ Against it, in the same run: one task doing the same turns alone (the serial rat
 Reported for each case: total turns/s (turns flushed / wall time), the multiple of the
 serial rate (goal: 64 tasks >= 2.5x), flush latency percentiles, flushes per commit (the
 tasks' flushes a commit carried: batches and group commit) and writes per commit (a batch of
-flushes is one write; more writes than commits: group commit merged them), and the event loop's lag while the tasks
+flushes is one write; more writes than commits: group commit merged them), the CPU time the
+event loop's thread spent per flush (the loop's share of the handoffs to workers and back; the
+monitor's ticks, as the idle loop costs them, left out),
+and the event loop's lag while the tasks
 ran: a monitor task asks to wake every millisecond and records how late each wake-up comes;
 the worst and the 99th percentile are reported (goal: worst <= 5 ms).  Every case runs
 three times (``--quick``: once), round by round in a shuffled order; the median run is shown.
@@ -25,8 +28,12 @@ import asyncio
 import random
 import shutil
 import statistics
+import threading
+import time
 from pathlib import Path
 from typing import Any
+
+import lmdb
 
 from benchmarks.harness import now_ns, percentile, quiet_gc, run_main, scratch, summary, table
 from benchmarks.workload import MESSAGES_PER_TURN, Workload
@@ -66,9 +73,9 @@ async def _case(path: Path, plans: list[list[list[dict[str, Any]]]], durability:
         stop = asyncio.Event()
         monitor = asyncio.create_task(_monitor(stop, lags))
         await asyncio.sleep(TICK_S * 3)  # the monitor is ticking before the tasks start
-        began = now_ns()
+        began, loop_cpu = now_ns(), time.thread_time()
         await asyncio.gather(*(agent(task, lists) for task, lists in enumerate(plans)))
-        wall = now_ns() - began
+        wall, loop_cpu = now_ns() - began, time.thread_time() - loop_cpu
         stop.set()
         await monitor
         after = await log.info()
@@ -90,6 +97,8 @@ async def _case(path: Path, plans: list[list[list[dict[str, Any]]]], durability:
         "lag_p999_ms": percentile(ordered, 99.9) if ordered else 0.0,
         "ticks": len(ordered),
         "wall_s": wall / 1e9,
+        "loop_cpu_s": loop_cpu,
+        "turns": turns,
     }
 
 
@@ -98,16 +107,50 @@ async def _idle(seconds: float) -> dict[str, Any]:
     lags: list[float] = []
     stop = asyncio.Event()
     monitor = asyncio.create_task(_monitor(stop, lags))
+    cpu = time.thread_time()
     await asyncio.sleep(seconds)
     stop.set()
     await monitor
+    cpu = time.thread_time() - cpu
     ordered = sorted(lags)
     return {
+        "tick_cpu_s": cpu / max(1, len(ordered)),
         "lag_max_ms": ordered[-1],
         "lag_p99_ms": percentile(ordered, 99),
         "lag_p999_ms": percentile(ordered, 99.9),
         "ticks": len(ordered),
     }
+
+
+def commit_releases_gil(path: Path, commits: int = 200) -> float:
+    """How much of its own rate a thread counting in a Python loop keeps beside LMDB commits
+    (synced as ``full`` syncs), against beside ``time.sleep`` of the same length: near 1 when
+    the commit releases the GIL (a worker then prepares a batch while another one syncs)."""
+    env = lmdb.open(str(path), map_size=1 << 26, sync=True, metasync=True)
+    stop = threading.Event()
+    count = [0]
+
+    def spin() -> None:
+        while not stop.is_set():
+            count[0] += 1
+
+    spinner = threading.Thread(target=spin)
+    spinner.start()
+    try:
+        time.sleep(0.05)
+        before, began = count[0], time.perf_counter()
+        for i in range(commits):
+            with env.begin(write=True) as txn:
+                txn.put(b"%08d" % i, bytes(2000))
+        beside_commits = (count[0] - before) / (time.perf_counter() - began)
+        before, began = count[0], time.perf_counter()
+        time.sleep(time.perf_counter() - began + 0.2)
+        beside_sleep = (count[0] - before) / (time.perf_counter() - began)
+    finally:
+        stop.set()
+        spinner.join()
+        env.close()
+    return beside_commits / beside_sleep
 
 
 def run(
@@ -135,6 +178,7 @@ def run(
             # Beside the cases, the loop with nothing to do for as long as the 64 tasks took.
             longest = max(r["wall_s"] for r in runs[("tasks", tasks, "full")][-1:])
             idle.append(asyncio.run(_idle(max(longest, 0.2))))
+        gil = commit_releases_gil(root / "gil")
     rows: list[dict[str, Any]] = []
     for (_, n, durability), done in runs.items():
         middle = sorted(done, key=lambda r: r["turns_per_s"])[len(done) // 2]
@@ -149,6 +193,11 @@ def run(
         row["flushes"] = n * turns
         row["flushes_per_commit"] = n * turns / middle["commits"] if middle["commits"] else None
         row["writes_per_commit"] = middle["writes"] / middle["commits"] if middle["commits"] else None
+        # The loop's CPU per flush, less what the monitor's ticks cost it (as in the idle loop).
+        tick = statistics.median(r["tick_cpu_s"] for r in idle)
+        row["loop_cpu_us"] = statistics.median(
+            max(0.0, r["loop_cpu_s"] - r["ticks"] * tick) / r["turns"] * 1e6 for r in done
+        )
         row["commits"], row["writes"] = middle["commits"], middle["writes"]
         row["lag_max_ms"] = max(r["lag_max_ms"] for r in done)
         row["lag_p99_ms"] = statistics.median(r["lag_p99_ms"] for r in done)
@@ -176,6 +225,7 @@ def run(
         "workers": workers,
         "samples": samples,
         "goals": {"x_serial": 2.5, "lag_max_ms": 5.0},
+        "spinner_rate_beside_commits": gil,
         "rows": rows,
     }
 
@@ -189,6 +239,7 @@ COLUMNS = [
     ("p99_ms", "p99 ms"),
     ("flushes_per_commit", "flushes/commit"),
     ("writes_per_commit", "writes/commit"),
+    ("loop_cpu_us", "loop CPU us/flush"),
     ("lag_p99_ms", "loop lag p99 ms"),
     ("lag_p999_ms", "p99.9 ms"),
     ("lag_max_ms", "loop lag worst ms"),
@@ -204,6 +255,10 @@ def render(result: dict[str, Any]) -> str:
             "timer fired while the case ran, worst over all runs; goals: 64 tasks >= 2.5x one task, worst lag <= 5 ms)",
             "",
             table(result["rows"], COLUMNS),
+            "",
+            "A thread counting in a Python loop beside LMDB commits (synced as in durability full) ran at "
+            f"{result['spinner_rate_beside_commits']:.2f}x its rate beside a sleep as long (about 1: the commit "
+            "releases the GIL; near 0: it holds it).",
         ]
     )
 

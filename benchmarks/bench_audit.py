@@ -13,6 +13,12 @@ What it measures:
 - **proofs at 1M events**: a tree of ``leaves`` leaves stored the way the log stores
   it; inclusion and consistency proof sizes, and the time to make and verify each.
 - **signing**: signing a checkpoint (Ed25519, C2SP note) and verifying it.
+- **redaction**: a log of ``events`` events (10-message appends into sessions of 200
+  messages, mode ``full``); the redaction of one message of the first session (every
+  event after it is rewritten) and of the last session (few are), each timed whole
+  (the rewrite transaction, its commit and the compacting copy of the data file), and
+  the compacting copy alone; beside them, a durable 10-message commit into the same log,
+  the unit the redaction's cost is counted in.
 
 Run it::
 
@@ -22,6 +28,7 @@ Run it::
 
 from __future__ import annotations
 
+import os
 import random
 import time
 from pathlib import Path
@@ -155,8 +162,58 @@ def sign_cost(rounds: int) -> dict[str, Any]:
     return {"sign_us": summary(signs)["median_ms"] * 1000, "verify_us": summary(checks)["median_ms"] * 1000}
 
 
+def redaction_cost(root: Path, events: int) -> dict[str, Any]:
+    """Redact one message early and one late in a log of about ``events`` events."""
+    per_session = 200
+    sessions = max(2, -(-events // (per_session // 10 + 1)))  # at least ``events`` events
+    stream = Workload(salt="audit-redact")
+    with EventLog.open(root / "log", durability="none") as log:
+        for number in range(sessions):
+            held: list[dict[str, Any]] = []
+            for turn in range(per_session // 10):
+                held.extend(stream.turn(number * 100 + turn))
+                log.flush(f"s{number}", held)
+        total = log.last_seq
+    with EventLog.open(root / "log", durability="full") as log:
+        size = os.path.getsize(root / "log" / "data.mdb")
+        commits = []
+        extra: list[dict[str, Any]] = []
+        for turn in range(20):
+            extra.extend(stream.turn(10_000 + turn))
+            t = now_ns()
+            log.flush("commit", extra)
+            commits.append(now_ns() - t)
+        t = now_ns()
+        log.redact("s0", 3, reason="bench")
+        early = now_ns() - t
+        t = now_ns()
+        log.redact(f"s{sessions - 1}", 3, reason="bench")
+        late = now_ns() - t
+        t = now_ns()
+        log.vacuum()
+        copy = now_ns() - t
+        assert log.verify().ok
+    commit_ms = summary(commits)["median_ms"]
+    return {
+        "events": total,
+        "file_mb": size / 1e6,
+        "early_ms": early / 1e6,
+        "late_ms": late / 1e6,
+        "copy_ms": copy / 1e6,
+        "commit_ms": commit_ms,
+        "early_commits": early / 1e6 / commit_ms,
+        "late_commits": late / 1e6 / commit_ms,
+        "early_us_per_event": early / 1e3 / total,
+    }
+
+
 def run(
-    *, quick: bool = False, scratch_dir: Path | None = None, messages: int | None = None, leaves: int | None = None
+    *,
+    quick: bool = False,
+    scratch_dir: Path | None = None,
+    messages: int | None = None,
+    leaves: int | None = None,
+    redaction_events: tuple[int, ...] | None = None,
 ) -> dict[str, Any]:
     total = messages or (200 if quick else 2000)
     n = leaves or (10_000 if quick else 1_000_000)
@@ -168,7 +225,17 @@ def run(
         started = time.perf_counter()
         proof_rows = proofs(root, n)
         build_s = time.perf_counter() - started
-    return {"commits": commits, "proofs": proof_rows, "tree_build_s": build_s, "signing": sign_cost(200)}
+    redactions = []
+    for size in redaction_events or ((1_000, 5_000) if quick else (1_000, 10_000, 100_000)):
+        with scratch(scratch_dir, "audit-redact-") as root:
+            redactions.append(redaction_cost(root, size))
+    return {
+        "commits": commits,
+        "proofs": proof_rows,
+        "tree_build_s": build_s,
+        "signing": sign_cost(200),
+        "redactions": redactions,
+    }
 
 
 COMMIT_COLUMNS = [
@@ -192,6 +259,19 @@ PROOF_COLUMNS = [
 ]
 
 
+REDACTION_COLUMNS = [
+    ("events", "events"),
+    ("file_mb", "data file MB"),
+    ("early_ms", "redact early ms"),
+    ("early_commits", "(in commits)"),
+    ("early_us_per_event", "µs/event"),
+    ("late_ms", "redact late ms"),
+    ("late_commits", "(in commits)"),
+    ("copy_ms", "compacting copy ms"),
+    ("commit_ms", "10-msg commit ms"),
+]
+
+
 def render(result: dict[str, Any]) -> str:
     rows = [dict(r, share=f"{100 * r['share']:.2f}%") for r in result["commits"]]
     signing_row = result["signing"]
@@ -206,6 +286,10 @@ def render(result: dict[str, Any]) -> str:
             table(result["proofs"], PROOF_COLUMNS),
             "",
             f"Checkpoint: sign {signing_row['sign_us']:.0f} µs, verify {signing_row['verify_us']:.0f} µs (Ed25519, C2SP note)",
+            "",
+            "Redaction of one message (mode full; in commits: as many durable 10-message commits into the same log)",
+            "",
+            table(result.get("redactions", []), REDACTION_COLUMNS),
         ]
     )
 

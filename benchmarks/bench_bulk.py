@@ -12,10 +12,14 @@ What it measures:
   payload commitment, its leaf and the leaf's step into the Merkle tree.  Not
   counted: the check that every value is JSON-like, the event's bytes and their
   hash (the log's event chain), the index entries and LMDB's commit;
+- ``eventlog import`` of the same messages written as one JSON Lines file (one session,
+  ``--durability none``), each round, beside its floor: the file read and each line parsed
+  by msgspec, then the import's floor of each event's 1,024 messages;
 - import against its floor, round by round: each round imports the 100,000
   messages into a fresh log (``durability="none"``), then runs the floor over
   the same messages; the ratio is the floor's time over the import's, reported
-  as the median over the rounds and their spread;
+  as the median over the rounds and their spread, by the clock and by the process's
+  CPU time (which other work on a shared machine sways less);
 - replay: ``log.messages(sid)`` of one 100,000-message session (built with
   ``append`` in chunks of 10,000), repeated; messages/s;
 - projection rebuild: ``SQLiteProjection(path).rebuild(log)`` of the 100,000
@@ -34,21 +38,26 @@ Run it::
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import statistics
+import time
 from hashlib import sha256
 from pathlib import Path
 from typing import Any
 
 import msgspec
+from click.testing import CliRunner
 
 from benchmarks.harness import now_ns, quiet_gc, run_main, scratch, summary, table
 from benchmarks.systems import projection_available
 from benchmarks.workload import Workload
 from eventlog import EventLog
+from eventlog.cli import cli
 from eventlog.merkle import Frontier
 from eventlog.verifier import appended_commitment, event_leaf, leaf_hash
+from eventlog.writer import EVENT_MESSAGES
 
 PER_SESSION = 1_000
 FLOOR = "floor: import's encoding, two digests, salt and commitment per message, tree step per flush"
@@ -77,6 +86,19 @@ def import_floor(messages: list[dict[str, Any]], frontier: Frontier, seq: int) -
     return parent
 
 
+FILE_FLOOR = "floor: the same, each event's 1,024 messages, after parsing each line (msgspec)"
+
+
+def file_floor(source: Path) -> None:
+    """The least an import of a JSON Lines file does: the file read and each line parsed, then
+    :func:`import_floor` of every event's messages (the log writes 1,024 messages per event)."""
+    decode = msgspec.json.decode
+    messages = [decode(line) for line in source.read_text(encoding="utf-8").split("\n") if line]
+    frontier = Frontier()
+    for seq, at in enumerate(range(0, len(messages), EVENT_MESSAGES), start=1):
+        import_floor(messages[at : at + EVENT_MESSAGES], frontier, seq)
+
+
 def run(
     *,
     quick: bool = False,
@@ -94,32 +116,59 @@ def run(
     rows: list[dict[str, Any]] = []
     skipped: dict[str, str] = {}
     with scratch(scratch_dir, "bulk-") as root:
-        timed: dict[str, list[int]] = {"none": [], "full": [], "floor": []}
+        timed: dict[str, list[int]] = {"none": [], "full": [], "floor": [], "file": [], "file floor": []}
         ratios: list[float] = []
+        cpu_ratios: list[float] = []  # the same by the process's CPU time: less swayed by a busy machine
+        file_ratios: list[float] = []
+        source = root / "transcripts.jsonl"
+        with open(source, "w", encoding="utf-8") as out:
+            for batch in sessions:
+                out.writelines(json.dumps(message, ensure_ascii=False) + "\n" for message in batch)
         for r in range(rounds):
             # Round by round: the import in each mode into a fresh log, then the floor over the
             # same messages.  The first round's log in mode none is kept for the rebuild.
             spent: dict[str, int] = {}
+            cpu: dict[str, int] = {}
             for mode in ("none", "full"):
                 path = root / f"import-{mode}-{r}"
                 with EventLog.open(path, durability=mode) as log, quiet_gc():
                     spent[mode] = 0
+                    cpu_start = time.process_time_ns()
                     for i, batch in enumerate(sessions):
                         start = now_ns()
                         log.flush(f"session-{i}", batch)
                         took = now_ns() - start
                         timed[mode].append(took)
                         spent[mode] += took
+                    cpu[mode] = time.process_time_ns() - cpu_start
                 if r or mode != "none":
                     shutil.rmtree(path, ignore_errors=True)
             with quiet_gc():
                 frontier = Frontier()
+                cpu_start = time.process_time_ns()
                 start = now_ns()
                 for seq, batch in enumerate(sessions, start=1):
                     import_floor(batch, frontier, seq)
                 spent["floor"] = now_ns() - start
+                cpu["floor"] = time.process_time_ns() - cpu_start
             timed["floor"].append(spent["floor"])
             ratios.append(spent["floor"] / spent["none"])
+            cpu_ratios.append(cpu["floor"] / cpu["none"])
+            # The command line's import of the same messages as one JSON Lines file, and its floor.
+            path = root / f"file-{r}"
+            with quiet_gc():
+                start = now_ns()
+                result = CliRunner().invoke(
+                    cli, ["--log", str(path), "import", str(source), "--session", "s", "--durability", "none"]
+                )
+                timed["file"].append(now_ns() - start)
+            assert result.exit_code == 0, result.output
+            shutil.rmtree(path, ignore_errors=True)
+            with quiet_gc():
+                start = now_ns()
+                file_floor(source)
+                timed["file floor"].append(now_ns() - start)
+            file_ratios.append(timed["file floor"][-1] / timed["file"][-1])
         for mode in ("none", "full"):
             row = {
                 "system": f"bulk import ({len(sessions)} flushes of {per_session:,})",
@@ -129,6 +178,17 @@ def run(
             row.update(summary(timed[mode], per_session))
             row["unit"] = "msgs/s"
             rows.append(row)
+        file_row = {
+            "system": f"eventlog import of one {count:,}-message JSONL file",
+            "durability": "none",
+            "messages": count,
+        }
+        file_row.update(summary(timed["file"], count))
+        file_row["unit"] = "msgs/s"
+        rows.append(file_row)
+        file_floor_row = {"system": FILE_FLOOR, "durability": "-", "messages": count}
+        file_floor_row.update(summary(timed["file floor"], count))
+        file_floor_row["unit"] = "msgs/s"
         floor_row = {"system": FLOOR, "durability": "-", "messages": count}
         floor_row.update(summary(timed["floor"], count))
         floor_row["unit"] = "msgs/s"
@@ -137,6 +197,16 @@ def run(
             "median": statistics.median(ratios),
             "min": min(ratios),
             "max": max(ratios),
+            "cpu_rounds": cpu_ratios,
+            "cpu_median": statistics.median(cpu_ratios),
+            "cpu_min": min(cpu_ratios),
+            "cpu_max": max(cpu_ratios),
+        }
+        file_vs_floor = {
+            "rounds": file_ratios,
+            "median": statistics.median(file_ratios),
+            "min": min(file_ratios),
+            "max": max(file_ratios),
         }
 
         # One long session for replay.
@@ -162,6 +232,7 @@ def run(
             row["unit"] = "msgs/s"
             rows.append(row)
         rows.append(floor_row)
+        rows.append(file_floor_row)
 
         reason = projection_available()
         name = f"projection rebuild of {count:,} messages"
@@ -194,6 +265,7 @@ def run(
         "messages": count,
         "rows": rows,
         "import_vs_floor": vs_floor,
+        "file_vs_floor": file_vs_floor,
         "skipped": skipped,
     }
 
@@ -250,9 +322,15 @@ COLUMNS = [
 def render(result: dict[str, Any]) -> str:
     lines = [f"Bulk operations at {result['messages']:,} messages", "", table(result["rows"], COLUMNS)]
     vs = result["import_vs_floor"]
+    file = result["file_vs_floor"]
+    lines.append(
+        f"\neventlog import of the file against its floor, round by round: {file['median']:.2f}x "
+        f"(median of {len(file['rounds'])} rounds; {file['min']:.2f}-{file['max']:.2f}x)"
+    )
     lines.append(
         f"\nbulk import [none] against its floor, round by round: {vs['median']:.2f}x "
-        f"(median of {len(vs['rounds'])} rounds; {vs['min']:.2f}-{vs['max']:.2f}x)"
+        f"(median of {len(vs['rounds'])} rounds; {vs['min']:.2f}-{vs['max']:.2f}x); by CPU time "
+        f"{vs['cpu_median']:.2f}x ({vs['cpu_min']:.2f}-{vs['cpu_max']:.2f}x)"
     )
     for name, why in result["skipped"].items():
         lines.append(f"\nskipped {name}: {why}")

@@ -3,14 +3,16 @@
 What it measures: one session grows by one agent turn (10 messages) at a time up to
 5,000 messages; after each turn every system persists it the way its users do
 (see ``benchmarks/systems.py``): our ``flush`` of the whole list (default and
-trust-identity mode, full and process-crash-safe durability), our ``append``,
+trust-identity mode, full and process-crash-safe durability, and both modes without
+syncs, where the default mode's edit check shows against trust mode with no disk in the
+way), our ``append``,
 both with and without the SQLite projection attached (timed until its rows are
 current, and once as the call alone, whose catch-up on the log's thread finishes
 untimed; once more waiting for its search index: end to end), hermes-agent's ``SessionDB``, ``eventsourcing``,
 the OpenAI Agents SDK ``SQLiteSession``, a plain SQLite baseline and the floors
 (a raw ``fdatasync``; a bare py-lmdb commit; that commit with each message's content
-and node digests; that after one C comparison of every held message with a copy,
-the least that noticing in-place edits costs; and either of the last two followed by
+and node digests; that after the product's C check of every held message against
+its record, the least that noticing in-place edits costs; and either of the last two followed by
 SQLite alone writing and indexing the turn's prebuilt rows: the end-to-end floors).
 
 The systems run in lockstep, in a shuffled order each turn, each in its own
@@ -55,6 +57,8 @@ def all_systems() -> list[sy.System]:
         sy.EventLogSystem(trust=True),
         sy.EventLogSystem(durability="process", trust=True),
         sy.EventLogSystem(durability="process"),
+        sy.EventLogSystem(durability="none"),  # the default mode's check against trust mode, no disk in the way
+        sy.EventLogSystem(durability="none", trust=True),
         sy.EventLogSystem(mode="append"),
         sy.HermesSystem(batch=True),
         sy.HermesSystem(batch=False),

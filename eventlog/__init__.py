@@ -18,11 +18,14 @@ from .errors import (
     EventLogError,
     HistoryMismatchError,
     InvalidMessageError,
+    LogInUseError,
     ReadOnlyError,
+    RedactedError,
     StorageFullError,
     UnknownSessionError,
 )
 from .log import COUNTERS, EMPTY_HEAD, EventLog, FlushResult, check_session_id
+from .redact import Redaction
 from .replay import Occurrence, SessionInfo, Tombstone, repair
 from .snapshot import EPHEMERAL_FLAGS, is_ephemeral
 from .source import EventSource
@@ -43,11 +46,14 @@ __all__ = [
     "HistoryMismatchError",
     "InvalidMessageError",
     "LogHead",
+    "LogInUseError",
     "Occurrence",
     "Problem",
     "ReadOnlyError",
     "Record",
     "RecoveryReport",
+    "RedactedError",
+    "Redaction",
     "SessionInfo",
     "SpillResult",
     "SpillingWriter",

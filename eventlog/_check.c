@@ -17,11 +17,12 @@
  * ever passes.  Containers must be the exact dict, list or tuple recorded, of the same
  * length, and a dict's keys the same (in any order: canonical bytes sort them).
  *
- * On CPython 3.11 most of that walk is skipped: a record also notes the address of each
- * container and each dict's version (see USE_VERSIONS), and a dict found at its recorded
- * address with its recorded version is the recorded dict, unchanged, so none of its entries is
- * read; its nested containers are checked from their recorded addresses (the unchanged dict
- * holds them), a list's items by identity.  Anything else falls back to the walk above.
+ * On CPython 3.11 that walk is mostly skipped: a record also lists, in pre-order, each of the
+ * message's containers with its address, a dict with its version (see USE_VERSIONS), a list or
+ * tuple with its items' addresses.  A dict found at its recorded address with its recorded
+ * version is the recorded dict, unchanged, so none of its entries is read; a list is compared
+ * with its recorded items in one memcmp of their addresses.  So a message is checked by a tight
+ * loop over a few words per container.  Anything else falls back to the walk above.
  *
  * No Python code runs during a walk, nor can the garbage collector: only exact built-in
  * types are looked at, compared with C functions that call no Python code and allocate
@@ -70,18 +71,22 @@ enum {
 
 /* ---- records ---------------------------------------------------------------------------- */
 
-/* A shape's code starts with three lengths: how many leaves, containers and dicts a record of
- * that shape holds; then the tags in pre-order. */
+/* A shape's code starts with two lengths: how many leaves a record of that shape holds, and
+ * how many slots its list of containers takes (USE_VERSIONS); then the tags in pre-order. */
 typedef struct {
-    Py_ssize_t leaves, containers, dicts;
+    Py_ssize_t leaves, containers;
 } Counts;
+
+/* A record's list of containers, in pre-order: for a dict its address (tagged DICT in the low
+ * bits, free in an object's address) and its version; for a list or tuple its address (tagged
+ * LIST or TUPLE), its length and its items' addresses. */
+enum { SLOT_DICT = 0, SLOT_LIST = 1, SLOT_TUPLE = 2, SLOT_KIND = 7 };
 
 typedef struct {
     PyObject_HEAD       /* no size of its own: the shape's counts say how many slots follow */
     PyObject *shape;    /* tuple: (code bytes, key or constant objects in pre-order) */
-    /* The leaves (strong references), then with USE_VERSIONS each container's address (never
-     * dereferenced unless its parent dict is unchanged, which then holds it) and each dict's
-     * version, in pre-order. */
+    /* The leaves (strong references), then with USE_VERSIONS the list of containers (their
+     * addresses are never dereferenced unless what holds them was found unchanged). */
     PyObject *slots[1];
 } Record;
 
@@ -104,9 +109,7 @@ static int record_layout(Record *r, Counts *counts, const unsigned char **code, 
     PyObject *bytes = PyTuple_GET_ITEM(r->shape, 0);
     *code = (const unsigned char *)PyBytes_AS_STRING(bytes);
     *end = *code + PyBytes_GET_SIZE(bytes);
-    if (!read_varint(code, *end, &counts->leaves) || !read_varint(code, *end, &counts->containers) ||
-        !read_varint(code, *end, &counts->dicts))
-        return 0;
+    if (!read_varint(code, *end, &counts->leaves) || !read_varint(code, *end, &counts->containers)) return 0;
     return 1;
 }
 
@@ -149,9 +152,7 @@ typedef struct {
 typedef struct {
     unsigned char *code;
     Py_ssize_t len, cap;
-    Refs leaves, objects, containers;
-    uint64_t *versions;
-    Py_ssize_t dicts, dicts_cap;
+    Refs leaves, objects, containers; /* containers: slots of the list of containers (words) */
     int max_depth;
 } Builder;
 
@@ -195,25 +196,23 @@ static int put_ref(Refs *r, PyObject *value) {
 }
 
 static int put_container(Builder *b, PyObject *value) {
-    if (put_ref(&b->containers, value) < 0) return -1;
 #if USE_VERSIONS
-    if (Py_TYPE(value) == &PyDict_Type) {
-        if (b->dicts == b->dicts_cap) {
-            Py_ssize_t cap = b->dicts_cap ? b->dicts_cap * 2 : 8;
-            uint64_t *grown = PyMem_Realloc(b->versions, (size_t)cap * sizeof(uint64_t));
-            if (grown == NULL) {
-                PyErr_NoMemory();
-                return -1;
-            }
-            b->versions = grown;
-            b->dicts_cap = cap;
-        }
-        b->versions[b->dicts++] = ((PyDictObject *)value)->ma_version_tag;
-    }
+    PyTypeObject *type = Py_TYPE(value);
+    uintptr_t kind = type == &PyDict_Type ? SLOT_DICT : type == &PyList_Type ? SLOT_LIST : SLOT_TUPLE;
+    if (((uintptr_t)value & SLOT_KIND) != 0) return 0; /* never so for an object's address */
+    if (put_ref(&b->containers, (PyObject *)((uintptr_t)value | kind)) < 0) return -1;
+    if (kind == SLOT_DICT)
+        return put_ref(&b->containers, (PyObject *)(uintptr_t)((PyDictObject *)value)->ma_version_tag) < 0 ? -1 : 1;
+    Py_ssize_t n = Py_SIZE(value);
+    PyObject **items = kind == SLOT_LIST ? ((PyListObject *)value)->ob_item : ((PyTupleObject *)value)->ob_item;
+    if (put_ref(&b->containers, (PyObject *)(uintptr_t)n) < 0) return -1;
+    for (Py_ssize_t i = 0; i < n; i++)
+        if (put_ref(&b->containers, items[i]) < 0) return -1;
 #else
-    if (Py_TYPE(value) == &PyDict_Type) b->dicts++;
+    (void)b;
+    (void)value;
 #endif
-    return 0;
+    return 1;
 }
 
 /* 1: recorded; 0: not recordable; -1: error set.  Allocates nothing the garbage collector
@@ -245,8 +244,9 @@ static int build(Builder *b, PyObject *value, int depth) {
     if (type == &PyDict_Type) {
         Py_ssize_t pos = 0;
         PyObject *key, *item;
-        if (put_byte(b, TAG_DICT) < 0 || put_length(b, PyDict_GET_SIZE(value)) < 0 || put_container(b, value) < 0)
-            return -1;
+        int r = put_container(b, value);
+        if (r != 1) return r;
+        if (put_byte(b, TAG_DICT) < 0 || put_length(b, PyDict_GET_SIZE(value)) < 0) return -1;
         while (PyDict_Next(value, &pos, &key, &item)) {
             int r;
             if (Py_TYPE(key) != &PyUnicode_Type) return 0;
@@ -258,9 +258,9 @@ static int build(Builder *b, PyObject *value, int depth) {
     if (type == &PyList_Type || type == &PyTuple_Type) {
         Py_ssize_t n = Py_SIZE(value);
         PyObject **items = type == &PyList_Type ? ((PyListObject *)value)->ob_item : ((PyTupleObject *)value)->ob_item;
-        if (put_byte(b, type == &PyList_Type ? TAG_LIST : TAG_TUPLE) < 0 || put_length(b, n) < 0 ||
-            put_container(b, value) < 0)
-            return -1;
+        int r = put_container(b, value);
+        if (r != 1) return r;
+        if (put_byte(b, type == &PyList_Type ? TAG_LIST : TAG_TUPLE) < 0 || put_length(b, n) < 0) return -1;
         for (Py_ssize_t i = 0; i < n; i++) {
             int r = build(b, items[i], depth + 1);
             if (r != 1) return r;
@@ -290,7 +290,6 @@ static PyObject *shared_shape(Builder *b) {
     unsigned char header[30], *at = header, *code;
     at = put_varint(at, b->leaves.len);
     at = put_varint(at, b->containers.len);
-    at = put_varint(at, b->dicts);
     PyObject *shape = PyTuple_New(b->objects.len + 1), *found, *bytes;
     if (shape == NULL) return NULL;
     bytes = PyBytes_FromStringAndSize(NULL, (at - header) + b->len);
@@ -337,7 +336,7 @@ static PyObject *record(PyObject *module, PyObject *const *args, Py_ssize_t narg
     } else if (r == 1) {
         Py_ssize_t nleaves = b.leaves.len, slots = nleaves;
 #if USE_VERSIONS
-        slots += b.containers.len + b.dicts;
+        slots += b.containers.len;
 #endif
         /* Own every leaf and object first: allocating the shape may run the garbage collector. */
         Record *rec = PyObject_Malloc(offsetof(Record, slots) + (size_t)slots * sizeof(PyObject *));
@@ -349,7 +348,6 @@ static PyObject *record(PyObject *module, PyObject *const *args, Py_ssize_t narg
             for (Py_ssize_t i = 0; i < nleaves; i++) rec->slots[i] = Py_NewRef(b.leaves.items[i]);
 #if USE_VERSIONS
             memcpy(rec->slots + nleaves, b.containers.items, (size_t)b.containers.len * sizeof(PyObject *));
-            memcpy(rec->slots + nleaves + b.containers.len, b.versions, (size_t)b.dicts * sizeof(uint64_t));
 #endif
             for (Py_ssize_t i = 0; i < b.objects.len; i++) Py_INCREF(b.objects.items[i]);
             rec->shape = shared_shape(&b);
@@ -366,7 +364,6 @@ static PyObject *record(PyObject *module, PyObject *const *args, Py_ssize_t narg
     PyMem_Free(b.leaves.items);
     PyMem_Free(b.objects.items);
     PyMem_Free(b.containers.items);
-    PyMem_Free(b.versions);
     return out;
 }
 
@@ -496,89 +493,32 @@ static int walk(Cursor *c, PyObject *live) {
 }
 
 #if USE_VERSIONS
-typedef struct {
-    const unsigned char *code;
-    PyObject *const *leaves, *const *objects, *const *containers;
-    const uint64_t *versions;
-} Fast;
-
-static int fast(Fast *f, PyObject *live);
-
-/* The next value of an unchanged dict: it is the very object recorded, so a leaf is passed
- * over unread and a container is checked from its recorded address (the dict holds it). */
-static int pass(Fast *f) {
-    switch (*f->code) {
-    case TAG_STR:
-    case TAG_FRACTION:
-    case TAG_NUMBER:
-        f->code++;
-        f->leaves++;
-        return 1;
-    case TAG_CONST:
-        f->code++;
-        f->objects++;
-        return 1;
-    case TAG_NONE:
-    case TAG_TRUE:
-    case TAG_FALSE:
-        f->code++;
-        return 1;
-    case TAG_DICT:
-    case TAG_LIST:
-    case TAG_TUPLE:
-        return fast(f, *f->containers);
-    default:
-        return 0;
-    }
-}
-
-/* 1: `live` is provably what was recorded, every dict in it the very dict recorded at an
- * unchanged version, every other value the very object recorded; 0: not provably (the full
- * walk decides).  Only objects known to be alive are dereferenced: `live`, and what an
- * unchanged dict holds.  The code was written with the record's slots, so they agree. */
-static int fast(Fast *f, PyObject *live) {
-    unsigned char tag = *f->code++;
-    Py_ssize_t n = 0;
-    switch (tag) {
-    case TAG_STR:
-    case TAG_FRACTION:
-    case TAG_NUMBER:
-        return live == *f->leaves++;
-    case TAG_CONST:
-        return live == *f->objects++;
-    case TAG_NONE:
-        return live == Py_None;
-    case TAG_TRUE:
-        return live == Py_True;
-    case TAG_FALSE:
-        return live == Py_False;
-    case TAG_DICT: {
-        PyObject *recorded = *f->containers++;
-        uint64_t version = *f->versions++;
-        read_varint(&f->code, f->code + 10, &n);
-        if (live != recorded || Py_TYPE(live) != &PyDict_Type || ((PyDictObject *)live)->ma_version_tag != version)
-            return 0;
-        for (Py_ssize_t i = 0; i < n; i++) {
-            f->objects++; /* the key */
-            if (!pass(f)) return 0;
+/* 1: `live` is provably what was recorded: every dict in it the very dict recorded at its
+ * recorded version, every list and tuple holding the very objects recorded; 0: not provably
+ * (the full walk decides).  The containers are checked in pre-order, each after what holds it,
+ * so an address is only dereferenced once what holds it was found unchanged (an unchanged
+ * dict still holds the objects it held, a list found with the recorded items holds them). */
+static int fast(PyObject *const *slot, PyObject *const *end, PyObject *live) {
+    if (slot == end || (PyObject *)((uintptr_t)*slot & ~(uintptr_t)SLOT_KIND) != live) return 0;
+    while (slot < end) {
+        uintptr_t word = (uintptr_t)*slot;
+        PyObject *container = (PyObject *)(word & ~(uintptr_t)SLOT_KIND);
+        if (end - slot < 2) return 0;
+        if ((word & SLOT_KIND) == SLOT_DICT) {
+            if (Py_TYPE(container) != &PyDict_Type ||
+                ((PyDictObject *)container)->ma_version_tag != (uint64_t)(uintptr_t)slot[1])
+                return 0;
+            slot += 2;
+            continue;
         }
-        return 1;
+        Py_ssize_t n = (Py_ssize_t)(uintptr_t)slot[1];
+        PyTypeObject *type = (word & SLOT_KIND) == SLOT_LIST ? &PyList_Type : &PyTuple_Type;
+        if (Py_TYPE(container) != type || Py_SIZE(container) != n || end - (slot + 2) < n) return 0;
+        PyObject **items = type == &PyList_Type ? ((PyListObject *)container)->ob_item : ((PyTupleObject *)container)->ob_item;
+        if (n && memcmp(items, slot + 2, (size_t)n * sizeof(PyObject *)) != 0) return 0;
+        slot += 2 + n;
     }
-    case TAG_LIST:
-    case TAG_TUPLE: {
-        f->containers++;
-        read_varint(&f->code, f->code + 10, &n);
-        /* A list has no version: its items are compared with the recorded ones, whatever list
-         * this is (another list holding the very same objects is the same content). */
-        if (Py_TYPE(live) != (tag == TAG_LIST ? &PyList_Type : &PyTuple_Type) || Py_SIZE(live) != n) return 0;
-        PyObject **items = tag == TAG_LIST ? ((PyListObject *)live)->ob_item : ((PyTupleObject *)live)->ob_item;
-        for (Py_ssize_t i = 0; i < n; i++)
-            if (!fast(f, items[i])) return 0;
-        return 1;
-    }
-    default:
-        return 0;
-    }
+    return 1;
 }
 #endif
 
@@ -592,9 +532,7 @@ static int matches(PyObject *rec, PyObject *live) {
     PyObject *const *objects = ((PyTupleObject *)r->shape)->ob_item + 1;
     Py_ssize_t nobjects = PyTuple_GET_SIZE(r->shape) - 1;
 #if USE_VERSIONS
-    Fast f = {code, r->slots, objects, r->slots + counts.leaves,
-              (const uint64_t *)(r->slots + counts.leaves + counts.containers)};
-    if (fast(&f, live)) return 1;
+    if (fast(r->slots + counts.leaves, r->slots + counts.leaves + counts.containers, live)) return 1;
 #endif
     Cursor c = {code, end, objects, 0, nobjects, r->slots, 0, counts.leaves};
     /* The depth is bounded by the record's code: the live message is only walked where the
@@ -629,7 +567,24 @@ static PyObject *first_changed(PyObject *module, PyObject *const *args, Py_ssize
             PREFETCH(recs[i + 2 * AHEAD]);
             PREFETCH(live[i + 2 * AHEAD]);
         }
-        if (i + AHEAD < end) PREFETCH((const char *)recs[i + AHEAD] + 64);
+        if (i + AHEAD < end) {
+            /* The record asked for AHEAD items ago has arrived: now the containers it recorded
+             * (a tool call's list and dicts), which the check reads from their addresses. */
+            PyObject *ahead = recs[i + AHEAD];
+            PREFETCH((const char *)ahead + 64);
+#if USE_VERSIONS
+            Counts counts;
+            const unsigned char *code, *stop;
+            if (Py_TYPE(ahead) == &RecordType && record_layout((Record *)ahead, &counts, &code, &stop)) {
+                PyObject *const *slot = ((Record *)ahead)->slots + counts.leaves, *const *stop = slot + counts.containers;
+                for (int k = 0; slot < stop && k < 4; k++) {
+                    uintptr_t word = (uintptr_t)*slot;
+                    PREFETCH(word & ~(uintptr_t)SLOT_KIND);
+                    slot += 2 + ((word & SLOT_KIND) == SLOT_DICT ? 0 : (Py_ssize_t)(uintptr_t)slot[1]);
+                }
+            }
+#endif
+        }
         if (!matches(recs[i], live[i])) return PyLong_FromSsize_t(i);
     }
     return PyLong_FromSsize_t(i < stop ? i : stop);

@@ -2,9 +2,21 @@
 
 Every blocking call (hashing, LMDB transactions, fsync) runs on a worker thread of the
 log's own pool, so the event loop keeps serving other tasks while a turn is written.
-Writes that are in flight at the same time from many tasks share commits: each worker
-enters the log's group commit (see docs/design.md), so an asyncio server holding many
-conversations pays one fsync for a whole group of turns.
+
+Flushes awaited at the same time from many tasks are written in batches: the flushes made
+on one pass of the loop (and those made while earlier batches were being written) go to a
+worker together and are written in one transaction, one sync for all of them, and the
+loop is woken once per batch to resolve them.  Each call still gets its own
+:class:`~eventlog.FlushResult` or its own error: when a flush of the batch fails (a
+:class:`~eventlog.ConflictError`, a history mismatch, a bad message), nothing of the batch
+was written, and it is written again in halves until every other flush is stored and the
+failing one has raised exactly what :meth:`EventLog.flush` raises.  A batch is cut to about
+:data:`BATCH_CPU_S` of a worker's CPU time, measured from the batches before it: the worker
+holds the GIL while it prepares a batch, and the loop's thread waits for it if it wakes
+meanwhile.  Two batches are written at once (:data:`DEFAULT_BATCHES`), one prepared while
+the other syncs (LMDB's commit releases the GIL), and when they meet in the log's group
+commit (see docs/design.md) they share its sync too.  Other writes (``append``, ``rewind``,
+``flush`` with ``overrides``, ...) each take a worker and enter the group commit.
 
 >>> import asyncio, tempfile
 >>> from eventlog.aio import AsyncEventLog
@@ -26,7 +38,12 @@ it, so whatever the task writes next (a flush in ``finally``) comes after it and
 undone by it.  Because flushes are idempotent, the usual recovery is to flush the same list
 again: whatever had landed is not written twice.
 
-Calls naming the same session run in the order they were made, whichever worker takes them.
+A flush waiting in a batch that no worker has taken yet is such a call: cancelled, it leaves
+the batch and never runs.  Once a worker has taken the batch, it lands whole with the batch
+(or not at all, with the batch).
+
+Calls naming the same session run in the order they were made, whichever worker takes them:
+two flushes of one session never share a batch, and the later one waits for the earlier.
 """
 
 from __future__ import annotations
@@ -43,6 +60,7 @@ from typing import Any, TypeVar
 
 from .errors import EventLogError
 from .log import EventLog, FlushResult
+from .redact import Redaction
 from .replay import Occurrence, SessionInfo
 from .verify import VerifyReport
 
@@ -51,12 +69,11 @@ __all__ = ["BATCH_CPU_S", "BATCH_SIZE", "DEFAULT_BATCHES", "DEFAULT_WORKERS", "A
 T = TypeVar("T")
 
 DEFAULT_WORKERS = 8
-"""Worker threads of an :class:`AsyncEventLog`: how many of its calls can be in flight at once
-(and so how many writes one commit can carry).  More calls than this wait their turn in order.
-
-Eight carry about as many turns per second as 32 on the two-core reference machine
-(benchmarks/bench_aio.py), while the event loop waits for the GIL far less: every worker
-running Python between its syncs is one more thread the loop's thread competes with."""
+"""Worker threads of an :class:`AsyncEventLog`: how many of its calls can be in flight at once.
+More calls than this wait their turn in order.  A batch of flushes is one call, so however
+many tasks flush, flushes take at most :data:`DEFAULT_BATCHES` workers and leave the others to
+reads and other writes.  Every worker running Python at the same time is one more thread the
+event loop's thread competes with for the GIL."""
 
 
 DEFAULT_BATCHES = 2
@@ -67,7 +84,8 @@ BATCH_SIZE = 64
 """The most flushes one batch carries."""
 
 BATCH_CPU_S = 0.002
-"""About how long (CPU seconds, measured on the worker) one batch may take to prepare.
+"""About how long (CPU seconds, measured on the worker) one batch may take to prepare (the
+default ``batch_cpu``).
 
 A worker holds the GIL while it validates, encodes and hashes a batch, and the event loop's
 thread waits for it when it wakes meanwhile; batches are cut to about this much work (from the
@@ -95,8 +113,11 @@ class AsyncEventLog:
     have: ``AsyncEventLog(log)``; closing the wrapper then leaves ``log`` open unless
     ``owns_log=True``.
 
-    ``max_workers`` bounds the calls in flight at once (:data:`DEFAULT_WORKERS`).  The
-    synchronous log stays available as :attr:`sync`, for code that is not async.
+    ``max_workers`` bounds the calls in flight at once (:data:`DEFAULT_WORKERS`).  Concurrent
+    flushes are written in batches: ``max_batches`` at once (:data:`DEFAULT_BATCHES`), each of
+    at most ``batch_size`` flushes (:data:`BATCH_SIZE`) and about ``batch_cpu`` seconds of a
+    worker's CPU time (:data:`BATCH_CPU_S`; larger: fewer syncs, longer waits of the event loop
+    for the GIL).  The synchronous log stays available as :attr:`sync`, for code that is not async.
     """
 
     def __init__(
@@ -107,12 +128,15 @@ class AsyncEventLog:
         owns_log: bool = False,
         max_batches: int = DEFAULT_BATCHES,
         batch_size: int = BATCH_SIZE,
+        batch_cpu: float = BATCH_CPU_S,
     ) -> None:
         if not isinstance(log, EventLog):
             raise TypeError(f"AsyncEventLog wraps an EventLog, not {type(log).__name__}")
         for name, value in (("max_workers", max_workers), ("max_batches", max_batches), ("batch_size", batch_size)):
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ValueError(f"{name} must be a positive int, not {value!r}")
+        if isinstance(batch_cpu, bool) or not isinstance(batch_cpu, (int, float)) or not batch_cpu > 0:
+            raise ValueError(f"batch_cpu must be a positive number of seconds, not {batch_cpu!r}")
         self._log = log
         self._owns_log = owns_log
         self._pool = concurrent.futures.ThreadPoolExecutor(max_workers, thread_name_prefix="eventlog-aio")
@@ -124,11 +148,12 @@ class AsyncEventLog:
         # Flushes made and not yet handed to a worker, in the order they were made, and
         # how many batches of them workers are writing (at most ``max_batches``).
         self._pending: list[_Flush] = []
-        self._draining = False  # a drain of _pending is scheduled on the event loop
+        self._draining: asyncio.AbstractEventLoop | None = None  # the loop a drain of _pending is due on
         self._batches = 0
         self._max_batches = max_batches
         self._batch_size = batch_size
-        self._flush_cpu = BATCH_CPU_S / 8  # CPU seconds a flush of a batch costs (averaged)
+        self._batch_cpu = float(batch_cpu)
+        self._flush_cpu = self._batch_cpu / 8  # CPU seconds a flush of a batch costs (averaged)
 
     @classmethod
     def open(
@@ -138,6 +163,7 @@ class AsyncEventLog:
         max_workers: int = DEFAULT_WORKERS,
         max_batches: int = DEFAULT_BATCHES,
         batch_size: int = BATCH_SIZE,
+        batch_cpu: float = BATCH_CPU_S,
         **options: Any,
     ) -> _Opening:
         """Open (creating when needed) the log in directory ``path`` on a worker thread.
@@ -147,7 +173,12 @@ class AsyncEventLog:
         :meth:`EventLog.open` (``durability``, ``projections``, ``readonly``, ...); the log
         owns the :class:`EventLog` it opens and closes it.
         """
-        wrapper = {"max_workers": max_workers, "max_batches": max_batches, "batch_size": batch_size}
+        wrapper = {
+            "max_workers": max_workers,
+            "max_batches": max_batches,
+            "batch_size": batch_size,
+            "batch_cpu": batch_cpu,
+        }
         return _Opening(cls, path, wrapper, options)
 
     async def close(self) -> None:
@@ -288,6 +319,25 @@ class AsyncEventLog:
         """:meth:`EventLog.close_session`, awaited."""
         await self._call((session_id,), self._log.close_session, session_id, reason=reason)
 
+    async def redact(
+        self,
+        session_id: str,
+        position: int,
+        *,
+        reason: str,
+        by: str = "",
+        seq: int | None = None,
+        spill_dir: str | os.PathLike[str] | None = None,
+    ) -> list[Redaction]:
+        """:meth:`EventLog.redact`, awaited (after the calls of the session made before it)."""
+        return await self._call(
+            (session_id,), self._log.redact, session_id, position, reason=reason, by=by, seq=seq, spill_dir=spill_dir
+        )
+
+    async def vacuum(self) -> dict[str, int]:
+        """:meth:`EventLog.vacuum`, awaited."""
+        return await self._call((), self._log.vacuum)
+
     # -- reading -------------------------------------------------------------------
 
     async def messages(
@@ -397,8 +447,8 @@ class AsyncEventLog:
             item.before = self._tails.get(item.session_id)
             self._tails[item.session_id] = item.done
             self._pending.append(item)
-            drain = not self._draining
-            self._draining = True
+            drain = self._draining is not loop  # (a drain due on a loop since closed never runs)
+            self._draining = loop
         item.done.add_done_callback(functools.partial(self._forget, [item.session_id]))
         if drain:
             # After the callbacks already due on this pass of the loop: every flush the tasks
@@ -416,7 +466,7 @@ class AsyncEventLog:
 
     def _drain(self) -> None:
         with self._tails_guard:
-            self._draining = False
+            self._draining = None
         self._dispatch()
 
     def _dispatch(self, *, force: bool = False) -> None:
@@ -449,7 +499,7 @@ class AsyncEventLog:
         left: list[_Flush] = []
         sessions: set[str] = set()
         replace: bool | None = None
-        limit = max(1, min(self._batch_size, int(BATCH_CPU_S / self._flush_cpu)))
+        limit = max(1, min(self._batch_size, int(self._batch_cpu / self._flush_cpu + 1e-9)))
         for item in self._pending:
             if item.done.cancelled():
                 continue  # cancelled before a worker took it: dropped

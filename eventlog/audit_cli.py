@@ -15,6 +15,7 @@ from . import cli as base
 from . import signing, verifier
 from .files import write_atomic
 from .log import EventLog
+from .redact import Redaction
 from .verifier import Verifier
 
 
@@ -190,3 +191,74 @@ def verify_proof(proof: str, keys: tuple[str, ...]) -> None:
     except verifier.ProofError as e:
         click.echo(f"FAILED: {e}", err=True)
         sys.exit(1)
+
+
+@base.cli.command()
+@click.argument("session")
+@click.argument("position", type=click.IntRange(min=0))
+@click.option("--reason", required=True, help="Why the content is erased (kept in the log's redaction event).")
+@click.option("--by", "by", default="", metavar="WHO", help="Who erases it (kept in the redaction event).")
+@click.option(
+    "--seq",
+    "seq",
+    type=click.IntRange(min=1),
+    metavar="SEQ",
+    help="POSITION is of the occurrence event SEQ made live (see `eventlog history`), tombstoned or not.",
+)
+@click.option(
+    "--spill-dir",
+    "spill_dir",
+    type=click.Path(file_okay=False),
+    metavar="DIR",
+    help="Also erase the content from the spill files in DIR.",
+)
+@click.option("--json", "as_json", is_flag=True, help="Print the redactions as JSON.")
+def redact(
+    session: str, position: int, reason: str, by: str, seq: int | None, spill_dir: str | None, as_json: bool
+) -> None:
+    """Erase the content of live message POSITION of SESSION for good.
+
+    Its body becomes a placeholder (role and tool-call ids kept, text "[redacted]"), every
+    digest derived from it is derived again, a redaction event records who, why and when,
+    and the data file is replaced by a compacting copy: the content's bytes are nowhere in
+    the log directory afterwards.  Every checkpoint signed before and every proof of another
+    message still verifies; heads written down with `eventlog head` do not.  Refused while
+    another process has the log open.
+    """
+    with base._open_log(write=True) as log:
+        base._require_session(log, session)
+        done = log.redact(session, position, reason=reason, by=by, seq=seq, spill_dir=spill_dir)
+    if as_json:
+        base._print_json([_redaction_json(r) for r in done])
+        return
+    for r in done:
+        click.echo(f"redacted: {r}")
+
+
+def _redaction_json(r: Redaction) -> dict[str, object]:
+    return {
+        "session": r.session,
+        "position": r.position,
+        "body_seq": r.body_seq,
+        "body_index": r.body_index,
+        "reason": r.reason,
+        "by": r.by,
+        "seq": r.seq,
+        "time_ns": r.time_ns,
+    }
+
+
+@base.cli.command()
+@click.option("--json", "as_json", is_flag=True, help="Print the sizes as JSON.")
+def vacuum(as_json: bool) -> None:
+    """Replace the data file by a compacting copy: only the pages in use, free pages gone.
+
+    `eventlog redact` does this by itself; run it when that was refused because another
+    process had the log open.  Refused while another process has the log open.
+    """
+    with base._open_log(write=True) as log:
+        sizes = log.vacuum()
+    if as_json:
+        base._print_json(sizes)
+    else:
+        click.echo(f"data file: {sizes['before']} bytes before, {sizes['after']} after")

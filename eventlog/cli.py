@@ -360,6 +360,9 @@ def history(session: str, as_json: bool) -> None:
                     "tombstone_seq": o.tombstone.seq if o.tombstone else None,
                     "override": o.override,
                     "message": o.message,
+                    "redacted": None
+                    if o.redaction is None
+                    else {"seq": o.redaction.seq, "reason": o.redaction.reason, "by": o.redaction.by},
                 }
                 for o in occurrences
             ]
@@ -369,6 +372,8 @@ def history(session: str, as_json: bool) -> None:
     click.echo(f"{'seq':>6} {'pos':>5} {'origin':<6} {'status':<16} {'node':<12} message")
     for o in occurrences:
         status = "live" if o.tombstone is None else f"✗ {o.tombstone.reason}@{o.tombstone.seq}"
+        if o.redaction is not None:
+            status = f"{status} redacted@{o.redaction.seq}"
         line = f"{o.seq:>6} {o.position:>5} {o.origin:<6} {status:<16} {o.node[:12]} {render.render_message(o.message, width=100)}"
         click.echo(render.fit(line, columns))
     live = sum(1 for o in occurrences if o.tombstone is None)
@@ -777,6 +782,19 @@ def verify(expect: list[LogHead], checkpoint_files: tuple[str, ...], key_files: 
                 "sessions": report.sessions,
                 "messages": report.messages,
                 "problems": [{"seq": p.seq, "what": p.what} for p in report.problems],
+                "redactions": [
+                    {
+                        "session": r.session,
+                        "position": r.position,
+                        "body_seq": r.body_seq,
+                        "body_index": r.body_index,
+                        "reason": r.reason,
+                        "by": r.by,
+                        "seq": r.seq,
+                        "time_ns": r.time_ns,
+                    }
+                    for r in report.redactions
+                ],
                 "damaged_pages": [
                     {"page": d.pgno, "table": d.table, "seqs": d.seqs, "what": d.what} for d in report.damaged_pages
                 ],
@@ -784,6 +802,9 @@ def verify(expect: list[LogHead], checkpoint_files: tuple[str, ...], key_files: 
         )
     elif report.ok:
         click.echo(str(report))
+        for redaction in report.redactions:
+            when = time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(redaction.time_ns / 1e9))
+            click.echo(f"  redacted at {when} UTC: {redaction}")
     else:
         click.echo(f"NOT INTACT: {len(report.problems)} problem(s) in {_settings().log_path}", err=True)
         for problem in report.problems[:20]:

@@ -55,6 +55,14 @@ class CorruptLogError(EventLogError):
     """The stored log is damaged: an event, an index or a file is not what was written."""
 
 
+class RedactedError(EventLogError, ValueError):
+    """The message was redacted already: its content is gone, there is nothing left to erase or prove."""
+
+
+class LogInUseError(EventLogError):
+    """Another process has the log open, so its data file cannot be replaced by a compacting copy now."""
+
+
 class StorageFullError(EventLogError):
     """The log cannot grow: its configured maximum size or the disk is full.
 

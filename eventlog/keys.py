@@ -12,6 +12,7 @@ is in docs/design.md; the formats are:
               ``b"next_sid"`` -> ``SEQ``.
 ``tree``      the Merkle tree's complete nodes (:mod:`eventlog.tree`).
 ``checkpoints`` ``SEQ`` tree size -> a signed checkpoint note (UTF-8).
+``redactions`` :func:`redaction_key` of a redacted body -> ``SEQ`` of its redaction event.
 """
 
 from __future__ import annotations
@@ -37,6 +38,13 @@ LINK = struct.Struct(">32s32sQI")
 """Chain entry: node digest, content digest, seq and index of the stored body."""
 LOCATION = struct.Struct(">32x32sQI")
 """The content digest and body location of a chain entry."""
+REDACTIONS_DB: Final = b"redactions"
+"""Redacted bodies (:mod:`eventlog.redact`)."""
+
+
+def redaction_key(seq: int, index: int) -> bytes:
+    """The ``redactions`` key of the body at ``index`` of event ``seq``."""
+    return SEQ.pack(seq) + index.to_bytes(4, "big")
 
 
 @dataclass(slots=True)

@@ -15,9 +15,11 @@ import lmdb
 
 from . import audit, codec
 from . import events as ev
-from .errors import InvalidMessageError
+from . import redact as redaction
+from .errors import InvalidMessageError, LogInUseError
 from .keys import SessionState
 from .projector import Projection, Projector, bind
+from .redact import Redaction
 from .replay import BodyReader, Occurrence, SessionInfo, fill, paused_gc, repair, replay, session_info
 from .signing import Signer
 from .snapshot import ChangedSince, Prepared, SnapshotCache, is_ephemeral, prepare, release
@@ -680,6 +682,88 @@ class EventLog:
             raise TypeError(f"reason must be a str, not {type(reason).__name__}")
         self._write(lambda txn: self._writer.close(txn, session_id, reason))
 
+    def redact(
+        self,
+        session_id: str,
+        position: int,
+        *,
+        reason: str,
+        by: str = "",
+        seq: int | None = None,
+        spill_dir: str | os.PathLike[str] | None = None,
+    ) -> list[Redaction]:
+        """Erase the content of message ``position`` of the session for good; return the redactions.
+
+        The message's body becomes a placeholder (:func:`eventlog.redact.placeholder`: its role
+        and the ids that pair tool calls with results, ``"[redacted]"`` for the text), every
+        digest derived from it is derived again, a ``MessageRedacted`` event records ``by``
+        (who), ``reason`` (why) and the time, and the data file is replaced by a compacting
+        copy, so that its bytes are nowhere in the log directory.  The Merkle tree does not
+        change: every checkpoint signed before, and every proof of another message, still
+        verifies.  Every other stored copy of the same content is erased with it, each with a
+        redaction of its own (returned after the one asked for).  An agent that still holds
+        the original message flushes it as the placeholder (the position is sealed).  See
+        docs/audit.md ("Redaction").
+
+        ``position`` is a live position; with ``seq``, it is the position of an occurrence
+        that event ``seq`` made live, as :meth:`history` lists them (a tombstoned one too).
+        ``spill_dir``: a spill directory (:class:`~eventlog.spill.SpillingWriter`) whose files
+        are scrubbed of the content as well.  Attached projections are brought up to date
+        before this returns.
+
+        Raises :class:`UnknownSessionError`, ``ValueError`` for a position that is not there
+        or an empty ``reason``, :class:`RedactedError` for a message redacted already,
+        :class:`LogInUseError` (nothing written) while another process has the log open.
+        """
+        check_session_id(session_id)
+        if not isinstance(reason, str):
+            raise TypeError(f"reason must be a str, not {type(reason).__name__}")
+        if not reason.strip():
+            raise ValueError("reason must say why the message is redacted (it is kept in the log)")
+        if not isinstance(by, str):
+            raise TypeError(f"by must be a str, not {type(by).__name__}")
+        store = self._store
+        if store.shared():
+            raise LogInUseError(
+                f"{store.path}: another process has the log open; a redaction replaces the data file, "
+                "so close the log there first (nothing was written)"
+            )
+        turn = self._turns_of([session_id])[0]
+        try:
+            with turn.lock:
+                erased = store.write(
+                    lambda txn: redaction.redact(store, txn, session_id, position, seq=seq, reason=reason, by=by)
+                )
+                # Cached lists hold the erased content's digest: forget them all.
+                self._cache.clear()
+        finally:
+            with self._turns_guard:
+                turn.users -= 1
+        if spill_dir is not None:
+            from .spill import scrub
+
+            scrub(spill_dir, erased.digest)
+        try:
+            store.vacuum()
+        except LogInUseError as e:
+            raise LogInUseError(
+                f"{e}; the redaction is recorded, but the erased bytes stay in free pages of the data file "
+                "until `eventlog vacuum` (EventLog.vacuum) runs"
+            ) from None
+        self._after_write()
+        self.sync_projections()
+        return erased.redactions
+
+    def vacuum(self) -> dict[str, int]:
+        """Replace the data file by a compacting copy: only the pages in use, free pages gone.
+
+        :meth:`redact` does this by itself; call it again when that was refused because
+        another process had the log open.  Returns the file's size before and after.  Raises
+        :class:`LogInUseError` while another process has the log open.
+        """
+        before = self._store.vacuum()
+        return {"before": before, "after": os.path.getsize(os.path.join(self.path, "data.mdb"))}
+
     # -- reading ---------------------------------------------------------------
 
     def head(self, session_id: str) -> str | None:
@@ -755,6 +839,24 @@ class EventLog:
                     )
         return repair(out) if repair_tool_calls else out
 
+    def message(self, session_id: str, position: int) -> dict[str, Any] | None:
+        """The live message at ``position`` of the session's transcript, or ``None`` past its end.
+
+        One lookup of the live chain's positional index and one body read, however long
+        the transcript (for an index that names a position in a session).  Raises
+        ``TypeError``/``ValueError`` for a ``position`` that is not an int >= 0.
+        """
+        check_session_id(session_id)
+        _count(position, "position")
+        store = self._store
+        with store.read(buffers=True) as txn:
+            state = store.session(txn, session_id)
+            if state is None or position >= state.length:
+                return None
+            reader = BodyReader(store, txn)
+            reader.current(session_id, state)
+            return reader.messages(store.locations(txn, state.number, position + 1, position))[0]
+
     def session(self, session_id: str) -> SessionInfo | None:
         """What the log knows about a session, without a projection; ``None`` when it does not exist.
 
@@ -774,12 +876,16 @@ class EventLog:
         Each entry has the message, its position, node and content digests, the seq
         of the event that made it live, how it got there (``origin``), its display
         override, and its :class:`~eventlog.replay.Tombstone` (reason, seq) or None.
-        A session that does not exist has no history (``[]``).
+        A session that does not exist has no history (``[]``).  A redacted message shows its
+        placeholder and its :class:`~eventlog.redact.Redaction` (who, why, when) in ``redaction``.
         """
         check_session_id(session_id)
         with self._store.read() as txn:
             occurrences, _ = replay(self._store, txn, session_id)
             fill(self._store, txn, occurrences)
+            redacted = redaction.redactions_of(self._store, txn, [o.source for o in occurrences])
+        for occurrence in occurrences:
+            occurrence.redaction = redacted.get(occurrence.source)
         return occurrences
 
     def events(self, after: int = 0) -> Iterator[Record]:

@@ -24,6 +24,7 @@ import msgspec
 from . import events as ev
 from .errors import CorruptLogError
 from .keys import HEADER, SEQ, STATE, SessionState, chain_key, state_key
+from .redact import Redaction
 from .store import Store
 
 
@@ -54,6 +55,8 @@ class Occurrence:
     message: dict[str, Any] = field(default_factory=dict)
     override: dict[str, Any] | None = None
     tombstone: Tombstone | None = None
+    redaction: Redaction | None = None
+    """Set when the message's content was erased (``message`` is then its placeholder)."""
 
 
 @contextmanager
@@ -485,7 +488,7 @@ def _replay(reader: BodyReader, session_id: str, upto: int | None) -> tuple[list
                 del live[event.position :]
             case ev.MessageAnnotated():
                 if event.position < len(live):
-                    occurrences[live[event.position]].override = event.override
+                    occurrences[live[event.position]].override = None if event.sealed else event.override
             case ev.SessionOpened() if event.source is not None:
                 source_occ, source_live = _replay(reader, event.source, seq)
                 for position, index in enumerate(source_live[: event.at]):

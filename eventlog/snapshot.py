@@ -469,8 +469,8 @@ except ImportError:  # built without a C compiler: the pure-Python check gives t
 
 ACCELERATED = _check is not None and not os.environ.get("EVENTLOG_PURE_PYTHON")
 """Whether the default mode's edit check runs in C (``eventlog._check``).  The pure-Python
-check (copies compared with ``==``) gives the same answers; ``EVENTLOG_PURE_PYTHON=1`` in the
-environment selects it."""
+check (copies compared with ``==``, see :func:`copy_message`) gives the same answers on
+JSON-like values; ``EVENTLOG_PURE_PYTHON=1`` in the environment selects it."""
 
 
 def remember(message: Any) -> Any:

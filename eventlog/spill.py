@@ -388,3 +388,48 @@ def _chain(messages: Sequence[Mapping[str, Any]]) -> list[str]:
 
 
 __all__ = ["RecoveryReport", "SpillResult", "SpillingWriter", "read_spill", "recover", "spill_name", "write_spill"]
+
+
+def scrub(spill_dir: str | os.PathLike[str], digest: bytes, *, allow_shared_directory: bool = False) -> list[Path]:
+    """Erase from every spill file in ``spill_dir`` the messages whose content digest is ``digest``.
+
+    Part of a redaction (:meth:`EventLog.redact <eventlog.EventLog.redact>` with ``spill_dir``):
+    each such message becomes its placeholder (:func:`eventlog.redact.placeholder`) and
+    loses its display override; the file is replaced atomically, so a recovery later flushes
+    the placeholder, which the log holds already.  Returns the files rewritten.  A file that
+    is not a whole spill is left alone (recovery reports it).
+    """
+    from .redact import placeholder
+
+    directory = Path(spill_dir)
+    if not directory.is_dir():
+        return []
+    check_private_directory(directory, what="spill", allow_shared=allow_shared_directory)
+    rewritten = []
+    for path in sorted(directory.glob("*" + SUFFIX)):
+        try:
+            with open(path, encoding="utf-8") as f:
+                lines = [json.loads(text) for text in f]
+        except (OSError, ValueError):
+            continue
+        changed = False
+        for line in lines:
+            message = line.get("message") if isinstance(line, dict) else None
+            if not isinstance(message, dict):
+                continue
+            try:
+                found = sha256(codec.encode(codec.strip(message))).digest()
+            except Exception:  # not a message the log could have stored
+                continue
+            if found == digest:
+                line["message"] = placeholder(message)
+                line.pop("override", None)
+                changed = True
+        if changed:
+            chunks = (
+                (json.dumps(line, ensure_ascii=False, allow_nan=False, separators=(",", ":")) + "\n").encode("utf-8")
+                for line in lines
+            )
+            write_atomic(path, chunks, mode=0o600)
+            rewritten.append(path)
+    return rewritten

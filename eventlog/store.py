@@ -24,9 +24,12 @@ session's events are linked backwards through the envelope.
 from __future__ import annotations
 
 import errno
+import fcntl
 import os
+import shutil
 import stat
 import struct
+import tempfile
 import threading
 import time
 import weakref
@@ -35,19 +38,28 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from hashlib import sha256
 from itertools import islice
-from typing import Final, TypeVar
+from typing import Any, Final, TypeVar
 
 import lmdb
 
 from . import events as ev
 from .commit import WAKE_POLL, GroupCommit, Tip
-from .errors import CorruptLogError, EventLogError, ReadOnlyError, StorageFullError, UnsafeDirectoryError, translate
+from .errors import (
+    CorruptLogError,
+    EventLogError,
+    LogInUseError,
+    ReadOnlyError,
+    StorageFullError,
+    UnsafeDirectoryError,
+    translate,
+)
 from .files import check_private_directory, open_own_file, reserve_lock_file, write_atomic
 from .keys import (
     FORMAT,
     HEADER,
     LINK,
     LOCATION,
+    REDACTIONS_DB,
     SEQ,
     STATE,
     Record,
@@ -58,7 +70,7 @@ from .keys import (
     state_key,
 )
 from .space import MIB, RESERVE_FROM, ZeroedSpace, grown_size, reserved_size
-from .tree import CHECKPOINTS_DB, TREE_DB, Tree
+from .tree import CHECKPOINTS_DB, TREE_DB, Tree, leaf_input
 from .upgrade import UPGRADABLE, upgrade
 
 __all__ = [
@@ -146,6 +158,36 @@ def _prepare_files(path: str, readonly: bool, allow_shared: bool) -> bool:
         raise
 
 
+OPEN_LOCK = "eventlog.open"
+"""A file beside the LMDB files that every process with the log open holds a shared ``flock`` on
+(from before its environment opens until it closes): a compacting copy (:meth:`Store.vacuum`)
+is swapped in only by a process that gets it exclusively, and a process opening the log
+meanwhile waits for it."""
+
+
+def _hold_open_lock(path: str, readonly: bool) -> int | None:
+    """Open :data:`OPEN_LOCK` and take it shared (waiting while a compacting copy is swapped in).
+
+    None for a read-only open that cannot use it (no such file, another user's directory): like
+    a reader without LMDB's lock file, it must not read while the log is written."""
+    try:
+        fd = open_own_file(os.path.join(path, OPEN_LOCK), create=not readonly)
+    except (FileNotFoundError, UnsafeDirectoryError, PermissionError):
+        if readonly:
+            return None
+        raise
+    except OSError as e:
+        if readonly and e.errno in (errno.EACCES, errno.EPERM, errno.EROFS):
+            return None
+        raise
+    try:
+        fcntl.flock(fd, fcntl.LOCK_SH)
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
 _OPEN: weakref.WeakSet[Store] = weakref.WeakSet()
 """Every store open in this process, for :func:`_inherited_by_child`."""
 
@@ -218,20 +260,22 @@ class Store:
             )
         self.locked = _prepare_files(self.path, readonly, allow_shared_directory)
         """Whether LMDB's lock file is in use (see the read-only mode in docs/cli.md)."""
+        self._open_lock = _hold_open_lock(self.path, readonly) if self.locked else None
+        self.readonly = readonly
         for _ in range(100):
             try:
-                self.env = lmdb.open(
-                    self.path,
-                    map_size=map_size,
-                    subdir=True,
-                    readonly=readonly,
-                    sync=sync,
-                    metasync=False,  # the meta page is synced after the commit (sync_meta)
-                    readahead=False,
-                    max_dbs=8,
-                    max_readers=512,
-                    lock=self.locked,
-                )
+                self._env_options: dict[str, Any] = {
+                    "map_size": map_size,
+                    "subdir": True,
+                    "readonly": readonly,
+                    "sync": sync,
+                    "metasync": False,  # the meta page is synced after the commit (sync_meta)
+                    "readahead": False,
+                    "max_dbs": 8,
+                    "max_readers": 512,
+                    "lock": self.locked,
+                }
+                self.env = lmdb.open(self.path, **self._env_options)
                 break
             except lmdb.MapResizedError:
                 # Opening begins a transaction; another process grew the map in between.
@@ -244,30 +288,24 @@ class Store:
                     # pages it is reading, so it is only safe while nobody writes the log.
                     self.locked = False
                     continue
+                self._drop_open_lock()
                 raise translate(e, self.path) from e
         else:
+            self._drop_open_lock()
             raise EventLogError(f"{self.path}: the map kept being resized while opening the log")
         try:
             self._check_file_size(data)
             # Reader slots of processes that died holding a transaction pin old pages.
             if self.locked:
                 self.env.reader_check()
-            for _ in range(100):
-                try:
-                    self.events = self.env.open_db(b"events", create=not readonly)
-                    self.meta = self.env.open_db(b"meta", create=not readonly)
-                    self.sessions = self.env.open_db(b"sessions", create=not readonly)
-                    self.index = self.env.open_db(b"index", create=not readonly)
-                    self.tree = Tree(self.path, self._open_optional(TREE_DB, readonly), self.events)
-                    self.checkpoints = self._open_optional(CHECKPOINTS_DB, readonly)
-                    break
-                except lmdb.MapResizedError:
-                    self.env.set_mapsize(0)  # another process grew the map: adopt its size
+            self._open_dbs(readonly)
         except lmdb.Error as e:
             self.env.close()
+            self._drop_open_lock()
             raise translate(e, self.path) from e
         except BaseException:
             self.env.close()
+            self._drop_open_lock()
             raise
         self._identity = _file_identity(data)
         # In-process coordination: no transaction open while the map is resized (LMDB
@@ -297,7 +335,13 @@ class Store:
             if self.space is not None:
                 self.space.close()
             self.env.close()
+            self._drop_open_lock()
             raise
+
+    def _drop_open_lock(self) -> None:
+        if self._open_lock is not None:
+            os.close(self._open_lock)
+            self._open_lock = None
 
     # -- lifecycle -------------------------------------------------------------
 
@@ -334,6 +378,7 @@ class Store:
                 except lmdb.Error as e:
                     self._close_sync_error = e  # for that caller (sync())
             self.env.close()
+            self._drop_open_lock()
         finally:
             if self.sync_meta and not synced and self._close_sync_error is None:
                 self._close_sync_error = EventLogError(f"{self.path}: the log was closed before it was synced")
@@ -374,6 +419,134 @@ class Store:
             env.close()
         return None if found is None else bytes(found).decode("ascii", "replace")
 
+    def _open_dbs(self, readonly: bool) -> None:
+        for _ in range(100):
+            try:
+                self.events = self.env.open_db(b"events", create=not readonly)
+                self.meta = self.env.open_db(b"meta", create=not readonly)
+                self.sessions = self.env.open_db(b"sessions", create=not readonly)
+                self.index = self.env.open_db(b"index", create=not readonly)
+                self.tree = Tree(self.path, self._open_optional(TREE_DB, readonly), self.events)
+                self.checkpoints = self._open_optional(CHECKPOINTS_DB, readonly)
+                self.redactions = self._open_optional(REDACTIONS_DB, readonly)
+                return
+            except lmdb.MapResizedError:
+                self.env.set_mapsize(0)  # another process grew the map: adopt its size
+
+    def vacuum(self) -> int:
+        """Replace the data file with a compacting copy of itself; return the bytes it had before.
+
+        The copy holds the pages in use and nothing else, so the bytes of pages LMDB had freed
+        (old versions of rewritten events, after a redaction) are gone with the old file.  It is
+        made and swapped in (``os.replace``, synced) while no transaction of this process is
+        open and while this process holds LMDB's writer lock, so no other process commits to
+        the old file meanwhile; then the environment is opened again on the new file, and this
+        store goes on working.  Refused with :class:`LogInUseError` while another process has
+        the log open (its reader slots show in LMDB's lock file): it would go on reading, and
+        writing, the old file.
+        """
+        if self.readonly:
+            raise ReadOnlyError(f"{self.path}: the log was opened read-only")
+        data = os.path.join(self.path, "data.mdb")
+        with self._slot_lock:
+            self._resizing = True
+            try:
+                while not self._cond.wait_for(lambda: self._active == 0, timeout=WAKE_POLL):
+                    pass
+                self.check_identity()
+                before = os.path.getsize(data)
+                self._replace_with_copy(data)
+                try:
+                    self._reopen(data)
+                finally:
+                    self._share()
+                return before
+            finally:
+                self._resizing = False
+                self._cond.notify_all()
+
+    def shared(self) -> bool:
+        """Whether another process has the log open (holds the open lock, :data:`OPEN_LOCK`)."""
+        if not self._exclusive():
+            return True
+        self._share()
+        return False
+
+    def _exclusive(self) -> bool:
+        """Take the open lock exclusively if no other process holds it; else keep it shared."""
+        fd = self._open_lock
+        if fd is None:
+            return False
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)  # from shared: another holder refuses it
+            return True
+        except BlockingIOError:
+            self._share()  # a refused conversion may have let go of the shared lock
+            return False
+
+    def _share(self) -> None:
+        if self._open_lock is not None:
+            fcntl.flock(self._open_lock, fcntl.LOCK_SH)
+
+    def _replace_with_copy(self, data: str) -> None:
+        mode = stat.S_IMODE(os.stat(data).st_mode)
+        # Held exclusively until the new file is open: a process opening the log meanwhile
+        # waits for it, and then maps the new file.
+        if not self._exclusive():
+            raise LogInUseError(
+                f"{self.path}: another process has the log open; its data file cannot be replaced by a "
+                "compacting copy until it closes the log (then run `eventlog vacuum`)"
+            )
+        scratch = tempfile.mkdtemp(prefix=".compact-", dir=self.path)
+        try:
+            try:
+                writer = self.env.begin(write=True)  # LMDB's writer lock: nobody commits to the old file now
+            except lmdb.Error as e:
+                raise translate(e, self.path) from e
+            try:
+                copy = os.path.join(scratch, "data.mdb")
+                # Our own file descriptor, not env.copy(path): that one writes with O_DIRECT, a
+                # synchronous write per megabyte (measured: several times slower than one sync).
+                fd = os.open(copy, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_CLOEXEC", 0), mode)
+                try:
+                    self.env.copyfd(fd, compact=True)
+                    os.fchmod(fd, mode)
+                    os.fsync(fd)
+                except lmdb.Error as e:
+                    raise translate(e, self.path) from e
+                finally:
+                    os.close(fd)
+                os.replace(copy, data)
+                fd = os.open(self.path, os.O_RDONLY)
+                try:
+                    os.fsync(fd)
+                finally:
+                    os.close(fd)
+            finally:
+                writer.abort()
+        except BaseException:
+            self._share()
+            raise
+        finally:
+            shutil.rmtree(scratch, ignore_errors=True)
+
+    def _reopen(self, data: str) -> None:
+        """Open the environment again on the data file now in place (no transaction open here)."""
+        if self.space is not None:
+            self.space.close()
+            self.space = None
+        self._env_options["map_size"] = self.env.info()["map_size"]
+        self.env.close()
+        try:
+            self.env = lmdb.open(self.path, **self._env_options)
+        except lmdb.Error as e:
+            raise translate(e, self.path) from e
+        self._open_dbs(False)
+        self._identity = _file_identity(data)
+        self.page_size = self.env.stat()["psize"]
+        if DURABILITY[self.durability][0]:
+            self.space = ZeroedSpace(data, self.page_size)
+
     def _open_optional(self, name: bytes, readonly: bool) -> lmdb._Database | None:
         """A database added after the first format: None when a read-only store finds a log without it."""
         try:
@@ -383,7 +556,7 @@ class Store:
 
     def seal(self, txn: lmdb.Transaction) -> None:
         """Bring the Merkle tree up to the events of the open write transaction (before its commit)."""
-        self.tree.extend(txn)
+        self.tree.extend(txn, self.tip.pending)
 
     def _init_meta(self) -> bytes:
         def init(txn: lmdb.Transaction) -> bytes:
@@ -721,7 +894,10 @@ class Batch:
         self.seq = seq
         digest = sha256(key)
         digest.update(raw)
-        self.hash = digest.digest()
+        previous, self.hash = self.hash, digest.digest()
+        if type(event) is ev.MessagesAppended and not (event.overrides or event.sealed):
+            # A bulk append's leaf, from the event at hand: the commit's tree step need not read it back.
+            self.store.tree.emitted(seq, previous, self.hash, leaf_input(seq, raw, event))
         self.tip.pending = (seq, self.hash)
         state.last_seq = seq
         state.last_hash = self.hash

@@ -160,6 +160,15 @@ class Tree:
         self.path = path
         self._db = db
         self.events = events
+        self._emitted: dict[int, tuple[bytes, bytes, bytes]] = {}
+        """Leaf inputs of events this process wrote since the last :meth:`extend`, as their
+        writer computed them: seq -> (the previous event's hash, the event's hash, leaf input)."""
+
+    def emitted(self, seq: int, previous: bytes, digest: bytes, leaf: bytes) -> None:
+        """Note the leaf input of event ``seq`` (hash ``digest``, after the event hashed
+        ``previous``) as its writer computed it, so that :meth:`extend` need not read the
+        event back; it takes it only for an event whose stored hash it can vouch for."""
+        self._emitted[seq] = (previous, digest, leaf)
 
     @property
     def exists(self) -> bool:
@@ -195,8 +204,16 @@ class Tree:
 
         return get
 
-    def extend(self, txn: lmdb.Transaction) -> int:
-        """Add a leaf for every event of ``txn`` the tree does not have yet; return the new size."""
+    def extend(self, txn: lmdb.Transaction, tip: tuple[int, bytes] | None = None) -> int:
+        """Add a leaf for every event of ``txn`` the tree does not have yet; return the new size.
+
+        ``tip``: the seq and hash of the last event ``txn`` wrote, as its writer computed them.
+        The newest events are then taken as noted by :meth:`emitted`, without reading them
+        back, as far down as the hashes vouch for them: the last one's must be ``tip``'s, each
+        one below it the hash its successor was chained to.  (An event's hash covers its bytes,
+        those of its envelope included, so an event written again or never committed, in a
+        nested transaction that was undone, cannot pass.)  Every other event is read."""
+        emitted, self._emitted = self._emitted, {}
         size = self.size(txn)
         cursor = txn.cursor(db=self.events)
         if not cursor.last():
@@ -206,18 +223,34 @@ class Tree:
             if last < size:
                 raise CorruptLogError(f"{self.path}: the tree has {size} leaves but the log {last} events")
             return size
+        vouched: list[bytes] = []  # leaf inputs of events last, last - 1, ...
+        if tip is not None and tip[0] == last and emitted:
+            expected, seq = tip[1], last
+            for key in cursor.iterprev(keys=True, values=False):
+                entry = emitted.get(seq)
+                if seq <= size or key != SEQ.pack(seq) or entry is None or entry[1] != expected:
+                    break
+                vouched.append(entry[2])
+                expected, seq = entry[0], seq - 1
+        read_up_to = last - len(vouched)
         frontier = Frontier.load(self.getter(txn), size)
         put, db = txn.put, self.db
-        if not cursor.set_key(SEQ.pack(size + 1)):
-            raise CorruptLogError(f"{self.path}: event {size + 1} is missing")
-        for key, raw in cursor:
-            seq = SEQ.unpack(key)[0]
-            if seq != frontier.size + 1:
-                raise CorruptLogError(f"{self.path}: events jump from {frontier.size} to {seq}")
-            try:
-                leaf = leaf_input(seq, raw)
-            except CorruptLogError as e:
-                raise CorruptLogError(f"{self.path}: {e}") from None
+        if read_up_to > size:
+            if not cursor.set_key(SEQ.pack(size + 1)):
+                raise CorruptLogError(f"{self.path}: event {size + 1} is missing")
+            for key, raw in cursor:
+                seq = SEQ.unpack(key)[0]
+                if seq != frontier.size + 1:
+                    raise CorruptLogError(f"{self.path}: events jump from {frontier.size} to {seq}")
+                try:
+                    leaf = leaf_input(seq, raw)
+                except CorruptLogError as e:
+                    raise CorruptLogError(f"{self.path}: {e}") from None
+                for level, index, h in frontier.append(leaf_hash(leaf)):
+                    put(node_key(level, index), h, db=db, append=True)
+                if seq == read_up_to:
+                    break
+        for leaf in reversed(vouched):
             for level, index, h in frontier.append(leaf_hash(leaf)):
                 put(node_key(level, index), h, db=db, append=True)
         return frontier.size
@@ -225,6 +258,7 @@ class Tree:
     def rebuild(self, txn: lmdb.Transaction) -> int:
         """Recompute the whole tree from the events; return its size."""
         txn.drop(self.db, delete=False)
+        self._emitted = {}
         return self.extend(txn)
 
     def root(self, txn: lmdb.Transaction, size: int | None = None) -> tuple[int, bytes]:

@@ -11,8 +11,11 @@ chain in memory from the events alone, and checks that
 - tombstones and forks name the nodes that were live at the time;
 - each session keeps the number its opening event gave it, and no two share one;
 - the derived indexes (session numbers, heads and lengths, the live chain, the
-  display overrides) equal what the events say, entry for entry, with nothing
-  extra; and the session counter is past every number in use.
+  display overrides, the redactions) equal what the events say, entry for entry, with
+  nothing extra; and the session counter is past every number in use;
+- every redacted message is a placeholder with its salt and override gone, recorded by
+  one redaction event: reported in :attr:`VerifyReport.redactions`, not as damage.  Its
+  commitment in the tree is the sealed one (the tree check covers it).
 """
 
 from __future__ import annotations
@@ -31,12 +34,13 @@ from . import events as ev
 from .audit import check_checkpoints
 from .codec import ZERO
 from .errors import CorruptLogError, EventLogError
-from .keys import HEADER, LINK, SEQ, STATE, SessionState, event_hash
+from .keys import HEADER, LINK, SEQ, STATE, SessionState, event_hash, redaction_key
 from .merkle import Frontier, leaf_hash
 from .pages import DamagedPage, check_pages
+from .redact import Redaction, placeholder
 from .store import Store
 from .tree import leaf_input, node_key
-from .verifier import Verifier
+from .verifier import SALT_SIZE, Verifier
 
 
 @dataclass(frozen=True, slots=True)
@@ -88,6 +92,8 @@ class VerifyReport:
     sessions: int = 0
     messages: int = 0
     problems: list[Problem] = field(default_factory=list)
+    redactions: list[Redaction] = field(default_factory=list)
+    """The messages whose content was erased on purpose (who, why, when): not damage."""
     damaged_pages: list[DamagedPage] = field(default_factory=list)
     """Pages of the data file that are not what their B-tree needs (see :mod:`eventlog.pages`);
     when there are any, nothing was read through LMDB and ``problems`` lists only them."""
@@ -102,7 +108,10 @@ class VerifyReport:
 
     def __str__(self) -> str:
         if self.ok:
-            return f"ok: {self.events} events, {self.sessions} sessions, {self.messages} message bodies verified"
+            redacted = f", {len(self.redactions)} redacted" if self.redactions else ""
+            return (
+                f"ok: {self.events} events, {self.sessions} sessions, {self.messages} message bodies verified{redacted}"
+            )
         return f"FAILED at {self.problems[0]} ({len(self.problems)} problem(s))"
 
 
@@ -183,6 +192,7 @@ def _verify_snapshot(
         problems.append(Problem(0, str(e)))
         total = -1  # not a count any walk can match: the end of the log is unknown
     tree = _TreeCheck(store, txn)
+    sealed = _Sealed(report)
     cursor = txn.cursor(db=store.events)
     for key, raw in cursor:
         if len(problems) >= limit:
@@ -233,6 +243,7 @@ def _verify_snapshot(
         last_of[event.session] = seq
         hashes[seq] = prev_hash
         _check_event(seq, event, chains, digests, problems, report)
+        sealed.check(seq, HEADER.unpack_from(raw)[1], event, chains, problems)
         _track_notes(event, chains, notes)
         tree.add(seq, raw, event)
         if progress is not None and report.events % 4096 == 0:
@@ -244,6 +255,7 @@ def _verify_snapshot(
             Problem(0, f"the log has no event {seq}, which was written down as its head (--expect): an older copy?")
         )
     _check_indexes(store, txn, chains, notes, numbers, last_of, hashes, problems)
+    sealed.finish(store, txn, problems)
     tree.finish()
     problems.extend(tree.problems)
     report.sessions = len(chains)
@@ -288,6 +300,90 @@ class _TreeCheck:
     def _fail(self, seq: int, what: str) -> None:
         self.failed = True
         self.problems.append(Problem(seq, what))
+
+
+class _Sealed:
+    """Redacted messages: each sealed body a placeholder whose salt and override are gone, and
+    recorded by exactly one redaction event (who, why, when), which the report lists; the
+    ``redactions`` index names each one."""
+
+    def __init__(self, report: VerifyReport) -> None:
+        self.report = report
+        self.bodies: dict[tuple[int, int], int | None] = {}  # sealed body -> seq of its redaction
+
+    def check(
+        self,
+        seq: int,
+        time_ns: int,
+        event: ev.AnyEvent,
+        chains: dict[str, list[tuple[bytes, bytes, int, int]]],
+        problems: list[Problem],
+    ) -> None:
+        match event:
+            case ev.MessagesAppended():
+                for i in event.sealed:
+                    if not 0 <= i < len(event) or i in event.carried:
+                        problems.append(Problem(seq, f"sealed message {i} is not a message body of the event"))
+                        continue
+                    body = bytes(event.bodies[i])
+                    try:
+                        is_placeholder = codec.encode(placeholder(codec.decode(body))) == body
+                    except Exception:
+                        is_placeholder = False
+                    if not is_placeholder:
+                        problems.append(Problem(seq, f"message {i} is sealed as redacted but still holds content"))
+                    if i in event.overrides or any(event.salts[SALT_SIZE * i : SALT_SIZE * (i + 1)]):
+                        problems.append(Problem(seq, f"redacted message {i} still has its display override or salt"))
+                    self.bodies[(seq, i)] = None
+            case ev.MessageAnnotated() if event.sealed:
+                chain = chains.get(event.session, [])
+                where = tuple(chain[event.position][2:]) if event.position < len(chain) else None
+                if event.override or event.salt or where not in self.bodies:
+                    problems.append(
+                        Problem(
+                            seq, f"annotation of position {event.position} is sealed, but not of a redacted message"
+                        )
+                    )
+            case ev.MessageRedacted():
+                location = (event.body_seq, event.body_index)
+                if location not in self.bodies:
+                    problems.append(
+                        Problem(
+                            seq,
+                            f"redaction of the body at event {location[0]}, index {location[1]}, which is not sealed",
+                        )
+                    )
+                elif self.bodies[location] is not None:
+                    problems.append(
+                        Problem(seq, f"second redaction of the body at event {location[0]}, index {location[1]}")
+                    )
+                else:
+                    self.bodies[location] = seq
+                    self.report.redactions.append(
+                        Redaction(
+                            event.session,
+                            event.position,
+                            location[0],
+                            location[1],
+                            event.reason,
+                            event.by,
+                            seq,
+                            time_ns,
+                        )
+                    )
+            case _:
+                pass
+
+    def finish(self, store: Store, txn: lmdb.Transaction, problems: list[Problem]) -> None:
+        for (seq, index), by in self.bodies.items():
+            if by is None:
+                problems.append(
+                    Problem(seq, f"message {index} is sealed as redacted, but no redaction event records it")
+                )
+        expected = {redaction_key(*body): SEQ.pack(by) for body, by in self.bodies.items() if by is not None}
+        found = {} if store.redactions is None else {bytes(k): bytes(v) for k, v in txn.cursor(db=store.redactions)}
+        if found != expected:
+            problems.append(Problem(0, "index: the redactions index differs from the redaction events"))
 
 
 def _check_event(
@@ -393,7 +489,9 @@ def _track_notes(
             for position in [p for p in held if p >= event.position]:
                 del held[position]
         case ev.MessageAnnotated():
-            if event.position < len(chains.get(session, ())):
+            if event.sealed:  # the override of a redacted message: erased, the position has none
+                held.pop(event.position, None)
+            elif event.position < len(chains.get(session, ())):
                 held[event.position] = event.node + codec.encode(event.override)
         case ev.SessionClosed() | ev.SessionUpdated() | ev.MessageRedacted():
             pass

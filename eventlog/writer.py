@@ -24,7 +24,8 @@ from . import codec
 from . import events as ev
 from .codec import ZERO, node_digest
 from .errors import ConflictError, CorruptLogError, HistoryMismatchError, UnknownSessionError
-from .keys import LINK, SEQ, SessionState, chain_key, note_key
+from .keys import LINK, SEQ, SessionState, chain_key, note_key, redaction_key
+from .redact import sealed_stand_in
 from .snapshot import Prepared, bodies_from
 from .store import Batch, Store
 from .verifier import SALT_SIZE
@@ -279,16 +280,55 @@ class Writer:
     def pending_notes(
         self, txn: lmdb.Transaction, state: SessionState, notes: dict[int, dict[str, Any]], prepared: Prepared
     ) -> dict[int, dict[str, Any]]:
-        """The overrides for stored positions that differ from what is recorded."""
+        """The overrides for stored positions that differ from what is recorded.
+
+        A redacted position takes no override: one the caller still holds for it is ignored,
+        as the message it held there is (see :meth:`seal`)."""
         pending: dict[int, dict[str, Any]] = {}
         for position, note in notes.items():
             if position >= state.length:
                 continue
             current = txn.get(note_key(state.number, position), db=self.store.index)
             wanted = prepared.nodes[position] + codec.encode(note)
-            if current != wanted:
+            if current != wanted and not self.redacted_at(txn, state, position):
                 pending[position] = note
         return pending
+
+    def redacted_any(self, txn: lmdb.Transaction) -> bool:
+        """Whether the log holds any redacted message (one cheap look, before a flush looks closer)."""
+        db = self.store.redactions
+        return db is not None and txn.stat(db)["entries"] > 0
+
+    def redacted_at(self, txn: lmdb.Transaction, state: SessionState, position: int) -> bool:
+        if not self.redacted_any(txn):
+            return False
+        link = self.store.link(txn, state.number, position)
+        return txn.get(redaction_key(link[2], link[3]), db=self.store.redactions) is not None
+
+    def seal(self, txn: lmdb.Transaction, state: SessionState, prepared: Prepared, k: int) -> int:
+        """The common prefix once redacted positions are sealed; ``k``: the prefix before.
+
+        A caller may still hold a message that was redacted since it flushed it (it kept its
+        list).  At a redacted live position where the stored chain and the list agree up to
+        it, the list's message is taken as the placeholder it redacts to: its digest, body and
+        every node after it in ``prepared`` become what they would be with the placeholder
+        there.  So holding the old list neither diverges nor stores the erased content again,
+        and the rest of the list is compared as usual (``prepared`` goes back to the cache
+        as it is now, so later flushes compare the same way).
+        """
+        while k < min(state.length, len(prepared.nodes)):
+            link = self.store.link(txn, state.number, k)
+            message = codec.as_message(prepared.raw[prepared.kept[k]], prepared.kept[k])
+            found = sealed_stand_in(self.store, txn, link, message)
+            if found is None:
+                return k
+            prepared.bodies[k], prepared.digests[k] = found
+            nodes, digests = prepared.nodes, prepared.digests
+            parent = nodes[k - 1] if k else ZERO
+            for j in range(k, len(nodes)):
+                parent = nodes[j] = node_digest(parent, digests[j])
+            k = self.common_prefix(txn, state, nodes)
+        return k
 
     def notes_in(
         self, txn: lmdb.Transaction, number: int, start: int, stop: int
@@ -323,6 +363,8 @@ class Writer:
         head = state.head if state else ZERO
         nodes = prepared.nodes
         k = self.common_prefix(txn, state, nodes)
+        if state is not None and k < min(length, len(nodes)) and self.redacted_any(txn):
+            k = self.seal(txn, state, prepared, k)
         annotate = self.pending_notes(txn, state, {p: n for p, n in notes.items() if p < k}, prepared) if state else {}
         if k == length == len(nodes) and not annotate:
             return FlushResult(0, 0, k, _head_hex(length, head))  # already stored

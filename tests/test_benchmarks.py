@@ -110,13 +110,15 @@ def test_commit_scenario(tmp_path: Path) -> None:
 
 
 def test_audit_scenario(tmp_path: Path) -> None:
-    result = bench_audit.run(scratch_dir=tmp_path, messages=40, leaves=300)
+    result = bench_audit.run(scratch_dir=tmp_path, messages=40, leaves=300, redaction_events=(60,))
     assert [(r["mode"], r["batch"]) for r in result["commits"]] == [("full", 10), ("none", 10), ("none", 1)]
     for row in result["commits"]:
         assert row["commits"] >= 4 and row["share"] > 0 and row["tree_step_us"] > 0
     inclusion, consistency = result["proofs"]
     assert inclusion["hashes"] == 9 and 0 < consistency["hashes"] <= 2 * 9  # ceil(log2(300)) = 9
     assert result["signing"]["sign_us"] > 0
+    (redaction,) = result["redactions"]
+    assert redaction["events"] >= 60 and redaction["early_ms"] > 0 and redaction["copy_ms"] > 0
     print(bench_audit.render(result))
 
 
@@ -124,14 +126,14 @@ def test_bulk_scenario(tmp_path: Path) -> None:
     result = bench_bulk.run(scratch_dir=tmp_path, messages=200, repeats=1, rounds=2)
     _check_rows(result["rows"])
     names = [row["system"] for row in result["rows"]]
-    assert [name.split(" ")[0] for name in names[:3]] == ["bulk", "bulk", "replay"]
-    assert names[3] == bench_bulk.FLOOR
-    vs = result["import_vs_floor"]
-    assert len(vs["rounds"]) == 2 and vs["min"] <= vs["median"] <= vs["max"] and vs["min"] > 0
+    assert [name.split(" ")[0] for name in names[:4]] == ["bulk", "bulk", "eventlog", "replay"]
+    assert names[4:6] == [bench_bulk.FLOOR, bench_bulk.FILE_FLOOR]
+    for vs in (result["import_vs_floor"], result["file_vs_floor"]):
+        assert len(vs["rounds"]) == 2 and vs["min"] <= vs["median"] <= vs["max"] and vs["min"] > 0
     if result["skipped"]:
-        assert len(names) == 4
+        assert len(names) == 6
     else:  # the rebuild, and its floor: SQLite alone with the same rows
-        assert names[4].startswith("projection rebuild") and names[5].startswith("floor: SQLite alone")
+        assert names[6].startswith("projection rebuild") and names[7].startswith("floor: SQLite alone")
     print(bench_bulk.render(result))
 
 

@@ -1,8 +1,9 @@
 """Commits from many processes: when a ``full`` commit is synced, and SIGKILLs of many writers.
 
-In ``full`` mode LMDB syncs a commit's data pages under its writer lock and the log syncs the
-meta page once the lock is released (``GroupCommit._sync_meta``), so that other processes'
-commits need not wait for it.  A write must still be acknowledged only after that sync.
+In ``full`` mode LMDB syncs a commit's data pages under its writer lock and each caller syncs
+the meta page once the lock is released (``GroupCommit._make_durable``), so that other
+processes' commits need not wait for it.  A write must still be acknowledged only after a sync
+begun after its commit.
 """
 
 from __future__ import annotations

@@ -4,6 +4,7 @@ against InMemoryConversationStore, conflicts within and across processes."""
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import subprocess
 import sys
@@ -296,6 +297,25 @@ def test_write_record_is_compare_and_set_over_the_record_and_its_entries(tmp_pat
     asyncio.run(main())
 
 
+def test_each_message_is_stored_once(tmp_path: Path) -> None:
+    async def main() -> None:
+        with EventLog.open(tmp_path / "log") as log:
+            store = EventLogConversationStore(log)
+            agent = make_agent()
+            words = "every word of this prompt is stored once " * 20
+            await turn(store, agent, "c", words)
+            entries = await store.load_entries("c")
+            assert entries is not None
+            stored = [json.dumps(log.messages(sid)) for sid in log.sessions()]
+            assert sum(text.count(words) for text in stored) == 1  # in the transcript's content, only
+            # An entry's session says where the entry is; read_entry reads it from there.
+            found = log.messages(f"pydantic-ai#entry:{entries[0].id}")
+            assert found == [{"entry_id": entries[0].id, "parent_id": None, "conversation": "c", "position": 0}]
+            assert [await store.read_entry(entry.id) for entry in entries] == entries
+
+    asyncio.run(main())
+
+
 def test_read_entry_reads_one_session_of_the_log(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     async def main() -> None:
         with EventLog.open(tmp_path / "log") as log:
@@ -312,9 +332,19 @@ def test_read_entry_reads_one_session_of_the_log(tmp_path: Path, monkeypatch: py
                 read.append(session_id)
                 return real(session_id, **kw)
 
+            looked_up: list[tuple[str, int]] = []
+            at = log.message
+
+            def counting_one(session_id: str, position: int) -> dict[str, Any] | None:
+                looked_up.append((session_id, position))
+                return at(session_id, position)
+
             monkeypatch.setattr(log, "messages", counting)
+            monkeypatch.setattr(log, "message", counting_one)
             assert await store.read_entry(entries[2].id) == entries[2]
-            assert len(read) == 1
+            # The entry's session, then one position of its conversation's transcript: no scan.
+            assert read == [f"pydantic-ai#entry:{entries[2].id}"]
+            assert looked_up == [(store.transcript_session("c7"), 2)]
             read.clear()
             # The history of a conversation's head: the entry, then one slice of its transcript.
             assert await store.read_history(entries[-1].id, limit=2) == entries[-2:]

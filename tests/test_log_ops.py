@@ -54,6 +54,16 @@ def test_append_many_lands_in_one_transaction_or_not_at_all(log):
         log.append_many({"chat": [user("q3")]}, expected_heads={"other": EMPTY_HEAD})
 
 
+def test_message_reads_one_live_position(log):
+    log.flush("s", [user("q1"), assistant("a1"), user("q2")])
+    assert [log.message("s", i) for i in range(4)] == [user("q1"), assistant("a1"), user("q2"), None]
+    log.rewind("s", to=1)
+    assert log.message("s", 1) is None and log.message("s", 0) == user("q1")
+    assert log.message("unknown", 0) is None
+    with pytest.raises(ValueError):
+        log.message("s", -1)
+
+
 def test_rewind(log):
     log.flush("s", [user("q1"), assistant("a1"), user("q2")])
     result = log.rewind("s", to=1)

@@ -6,10 +6,12 @@ import threading
 
 import lmdb
 import msgspec
+import pytest
 from factories import assistant, user
 
 from eventlog import EventLog, merkle
 from eventlog import events as ev
+from eventlog.errors import ConflictError
 from eventlog.keys import HEADER, SEQ, STATE, SessionState, event_hash, state_key
 from eventlog.tree import AppendedLeaf, _leaf_decoder, commitments, leaf_input, salt_of
 from eventlog.verifier import message_commitment
@@ -219,4 +221,25 @@ def test_the_tree_reads_an_append_as_a_full_read_does_without_its_bodies(tmp_pat
                     assert commitments(event) == expected
                     assert commitments(_leaf_decoder.decode(raw[HEADER.size :])) == expected
         assert plain >= 3
+        assert log.verify().ok
+
+
+def test_a_leaf_noted_by_a_write_that_was_undone_is_never_taken(tmp_path):
+    """The tree takes the leaves a write noted for its events only where the hashes vouch for them:
+    a flush_many refused after one session's append was written leaves a noted leaf for that
+    seq, and the next write's event there is another one, read back from the log."""
+    with EventLog.open(tmp_path / "log", durability="none") as log:
+        log.flush("a", [user("one")])
+        log.flush("b", [user("two")])
+        head_b = log.head("b")
+        log.flush("b", [user("two"), assistant("moved on")])
+        bulk = [user(f"message {i}") for i in range(50)]
+        with pytest.raises(ConflictError):  # a's append is written, then b's stale head refuses all
+            log.flush_many({"a": [user("one"), *bulk], "b": [user("two"), user("x")]}, expected_heads={"b": head_b})
+        noted = dict(log._store.tree._emitted)
+        assert log.last_seq + 1 in noted  # the undone append's leaf, at the seq the next event takes
+        log.update_session("a", title="next")  # that seq is now this event (one the writer notes nothing for)
+        before = tree_of(log)
+        log._store.write(log._store.tree.rebuild)
+        assert tree_of(log) == before
         assert log.verify().ok

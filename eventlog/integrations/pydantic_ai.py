@@ -100,18 +100,38 @@ def _role_and_text(message: ModelMessage) -> tuple[str, str]:
 
 
 def _transcript_message(entry_id: str, parent_id: str | None, message: ModelMessage) -> dict[str, Any]:
+    """The transcript row of an entry: its text once, as ``content``, and the rest of the message."""
     role, text = _role_and_text(message)
-    return {
+    dumped = _message_json(message)
+    row: dict[str, Any] = {
         "role": role,
         "content": text,
         "entry_id": entry_id,
         "parent_id": parent_id,
-        "message": _message_json(message),
+        "message": dumped,
     }
+    texts = [i for i, part in enumerate(dumped.get("parts", ())) if isinstance(part.get("content"), str)]
+    if len(texts) == 1 and dumped["parts"][texts[0]]["content"] == text:
+        # The text is the row's content: not stored a second time inside the message.
+        parts = list(dumped["parts"])
+        parts[texts[0]] = {**parts[texts[0]], "content": None}
+        row["message"] = {**dumped, "parts": parts}
+        row["text_part"] = texts[0]
+    return row
+
+
+def _row_message(row: dict[str, Any]) -> ModelMessage:
+    data = row["message"]
+    index = row.get("text_part")
+    if index is not None:
+        parts = list(data["parts"])
+        parts[index] = {**parts[index], "content": row["content"]}
+        data = {**data, "parts": parts}
+    return _message_of(data)
 
 
 def _entry_of(row: dict[str, Any]) -> ConversationEntry:
-    return ConversationEntry(id=row["entry_id"], parent_id=row["parent_id"], message=_message_of(row["message"]))
+    return ConversationEntry(id=row["entry_id"], parent_id=row["parent_id"], message=_row_message(row))
 
 
 class EventLogConversationStore(ConversationStore):
@@ -243,7 +263,26 @@ class EventLogConversationStore(ConversationStore):
         rows = self._log.messages(self._entry_session(entry_id), last=1)
         if not rows:
             raise KeyError(entry_id)
-        return _entry_of(rows[-1])
+        return _entry_of(self._resolve(rows[-1]))
+
+    def _resolve(self, entry_row: dict[str, Any]) -> dict[str, Any]:
+        """The transcript row an entry session's row points at (the entry was saved there, at its position).
+
+        Live there: one positional lookup.  Else (the conversation branched, rewrote its
+        history or was deleted since) from the log's history of that transcript, which
+        keeps every message it ever held.
+        """
+        if "message" in entry_row:  # an entry stored whole
+            return _transcript_row(entry_row)
+        entry_id = entry_row["entry_id"]
+        home = self.transcript_session(entry_row["conversation"])
+        found = self._log.message(home, entry_row["position"])
+        if found is not None and found.get("entry_id") == entry_id:
+            return found
+        for occurrence in reversed(self._log.history(home)):
+            if occurrence.message.get("entry_id") == entry_id:
+                return occurrence.message
+        raise KeyError(entry_id)
 
     def _history(self, head_id: str | None, limit: int | None) -> list[dict[str, Any]]:
         """Transcript rows from the first entry up to ``head_id`` (the last ``limit`` of them)."""
@@ -278,7 +317,7 @@ class EventLogConversationStore(ConversationStore):
             if not found:
                 raise KeyError(entry_id)
             row = found[-1]
-            out.append(_transcript_row(row))
+            out.append(self._resolve(row))
             entry_id = row["parent_id"]
         out.reverse()
         return out
@@ -328,8 +367,14 @@ class EventLogConversationStore(ConversationStore):
                 if entry.parent_id != parent:
                     raise ValueError(f"new entry {entry.id!r} points at {entry.parent_id!r}, not at {parent!r}")
                 row = _transcript_message(entry.id, entry.parent_id, entry.message)
+                # Where the entry is, not a second copy of it: read_entry looks it up there.
                 entry_rows[self._entry_session(entry.id)] = [
-                    {**row, "conversation": conversation_id, "position": len(history)}
+                    {
+                        "entry_id": entry.id,
+                        "parent_id": entry.parent_id,
+                        "conversation": conversation_id,
+                        "position": len(history),
+                    }
                 ]
                 history.append(row)
                 parent = entry.id
