@@ -911,12 +911,22 @@ class EventLogSaver(BaseCheckpointSaver[int]):
             self._forget(thread_id)
 
     def _rewrite(self, thread_id: str, keep: Any) -> None:
-        """Keep the checkpoint rows ``keep(thread, row)`` accepts (stored whole); tombstone the others."""
+        """Keep the checkpoint rows ``keep(thread, row)`` accepts; tombstone the others.
+
+        The kept rows are stored again as they read without the others (a checkpoint whose
+        parent went is stored whole): those before the first row that goes are the rows
+        already stored, so only the rows from there on are tombstoned and written.
+        """
         with self._lock:
             thread = self._thread(thread_id)
-            rows = [row for row in thread.rows if keep(thread, row)]
-            if len(rows) == len(thread.rows):
+            kept = [row for row in thread.rows if keep(thread, row)]
+            if len(kept) == len(thread.rows):
                 return
+            again = _Thread(thread_id)
+            rows = []
+            for row in kept:
+                rows.append(again.compact(row))
+                again.apply(row)
             self.log.flush(records_session(thread_id), rows, replace=True, expected_head=thread.head or EMPTY_HEAD)
             self._threads.pop(thread_id, None)
 
