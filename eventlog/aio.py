@@ -482,15 +482,18 @@ class AsyncEventLog:
                 self._batches += 1
                 befores = [item.before for item in batch if item.before is not None]
                 try:
+                    # Under the guard, as in _call: the pool takes calls in the order they were made.
                     self._pool.submit(self._write_batch, batch, befores)
+                    continue
                 except RuntimeError:  # the pool was shut down by close() meanwhile
-                    self._batches -= 1
-                    error = EventLogError(f"{self.path}: this AsyncEventLog is closed")
-                    for item in batch:
-                        if item.done.set_running_or_notify_cancel():
-                            item.error = error
-                            item.done.set_exception(error)
-                    self._settle_soon(batch)
+                    pass
+            # Outside the guard: resolving a flush runs _forget, which takes it.
+            error = EventLogError(f"{self.path}: this AsyncEventLog is closed")
+            for item in batch:
+                if item.done.set_running_or_notify_cancel():
+                    item.error = error
+                    item.done.set_exception(error)
+            self._settle_soon(batch)  # ends the batch
 
     def _take_batch(self) -> list[_Flush]:
         """Up to ``batch_size`` pending flushes for one batch, oldest first: one flush per session
