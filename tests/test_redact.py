@@ -627,3 +627,19 @@ def test_writers_in_other_threads_go_on_through_a_redaction(tmp_path):
     with EventLog.open(path) as log:
         assert {name: len(log.messages(name)) for name in written} == written
     assert files_holding(path, [SECRET.encode()]) == {}
+
+
+def test_verify_checkpoint_on_the_command_line_after_a_redaction(tmp_path):
+    path, keyfile = tmp_path / "log", tmp_path / "keys" / "k"
+    keyfile.parent.mkdir()
+    with EventLog.open(path) as log:
+        log.flush("chat", [user("hi"), secret_message(), user("thanks")])
+    assert run(path, "keygen", "--out", str(keyfile), "--name", "example.com/log").exit_code == 0
+    assert run(path, "checkpoint", "--key", str(keyfile), "--out", str(tmp_path / "cp.txt")).exit_code == 0
+    head = run(path, "head").output.strip()
+    assert run(path, "redact", "chat", "1", "--reason", "leak").exit_code == 0
+    checked = run(path, "verify", "--checkpoint", str(tmp_path / "cp.txt"), "--key", f"{keyfile}.pub")
+    assert checked.exit_code == 0, checked.output
+    assert "1 redacted" in checked.output
+    stale = run(path, "verify", "--expect", head)
+    assert stale.exit_code == 1 and "does not have the hash written down for it" in stale.output
