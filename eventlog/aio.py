@@ -92,6 +92,10 @@ thread waits for it when it wakes meanwhile; batches are cut to about this much 
 cost of the batches before), so a loop waits for a worker about this long at most."""
 
 
+FLUSH_CPU_S = 0.0002
+"""What a flush of one turn is taken to cost a worker until batches have been measured."""
+
+
 def _copy(messages: Any) -> Any:
     """A shallow copy of a message list, made on the event loop's thread when the call is made.
 
@@ -153,7 +157,7 @@ class AsyncEventLog:
         self._max_batches = max_batches
         self._batch_size = batch_size
         self._batch_cpu = float(batch_cpu)
-        self._flush_cpu = self._batch_cpu / 8  # CPU seconds a flush of a batch costs (averaged)
+        self._flush_cpu = FLUSH_CPU_S  # CPU seconds a flush of a batch costs (averaged over batches)
 
     @classmethod
     def open(
