@@ -92,6 +92,10 @@ thread waits for it when it wakes meanwhile; batches are cut to about this much 
 cost of the batches before), so a loop waits for a worker about this long at most."""
 
 
+FLUSH_CPU_S = 0.0002
+"""What a flush of one turn is taken to cost a worker until batches have been measured."""
+
+
 def _copy(messages: Any) -> Any:
     """A shallow copy of a message list, made on the event loop's thread when the call is made.
 
@@ -153,7 +157,7 @@ class AsyncEventLog:
         self._max_batches = max_batches
         self._batch_size = batch_size
         self._batch_cpu = float(batch_cpu)
-        self._flush_cpu = self._batch_cpu / 8  # CPU seconds a flush of a batch costs (averaged)
+        self._flush_cpu = FLUSH_CPU_S  # CPU seconds a flush of a batch costs (averaged over batches)
 
     @classmethod
     def open(
@@ -482,15 +486,18 @@ class AsyncEventLog:
                 self._batches += 1
                 befores = [item.before for item in batch if item.before is not None]
                 try:
+                    # Under the guard, as in _call: the pool takes calls in the order they were made.
                     self._pool.submit(self._write_batch, batch, befores)
+                    continue
                 except RuntimeError:  # the pool was shut down by close() meanwhile
-                    self._batches -= 1
-                    error = EventLogError(f"{self.path}: this AsyncEventLog is closed")
-                    for item in batch:
-                        if item.done.set_running_or_notify_cancel():
-                            item.error = error
-                            item.done.set_exception(error)
-                    self._settle_soon(batch)
+                    pass
+            # Outside the guard: resolving a flush runs _forget, which takes it.
+            error = EventLogError(f"{self.path}: this AsyncEventLog is closed")
+            for item in batch:
+                if item.done.set_running_or_notify_cancel():
+                    item.error = error
+                    item.done.set_exception(error)
+            self._settle_soon(batch)  # ends the batch
 
     def _take_batch(self) -> list[_Flush]:
         """Up to ``batch_size`` pending flushes for one batch, oldest first: one flush per session

@@ -212,9 +212,23 @@ def verify_proof(proof: str, keys: tuple[str, ...]) -> None:
     metavar="DIR",
     help="Also erase the content from the spill files in DIR.",
 )
+@click.option(
+    "--db",
+    "db",
+    metavar="DB",
+    envvar="EVENTLOG_DB",
+    help="The projection to bring up to date (and so erase) too; default LOG.sqlite when it exists.",
+)
 @click.option("--json", "as_json", is_flag=True, help="Print the redactions as JSON.")
 def redact(
-    session: str, position: int, reason: str, by: str, seq: int | None, spill_dir: str | None, as_json: bool
+    session: str,
+    position: int,
+    reason: str,
+    by: str,
+    seq: int | None,
+    spill_dir: str | None,
+    db: str | None,
+    as_json: bool,
 ) -> None:
     """Erase the content of live message POSITION of SESSION for good.
 
@@ -222,17 +236,29 @@ def redact(
     digest derived from it is derived again, a redaction event records who, why and when,
     and the data file is replaced by a compacting copy: the content's bytes are nowhere in
     the log directory afterwards.  Every checkpoint signed before and every proof of another
-    message still verifies; heads written down with `eventlog head` do not.  Refused while
-    another process has the log open.
+    message still verifies; heads written down with `eventlog head` do not.  Then the
+    projection (--db, or LOG.sqlite when it exists) catches up, which rebuilds it without the
+    content.  Refused while another process has the log open.
     """
+    target = db or base._default_db(base._settings().log_path)
     with base._open_log(write=True) as log:
         base._require_session(log, session)
         done = log.redact(session, position, reason=reason, by=by, seq=seq, spill_dir=spill_dir)
+        projected = None
+        if db is not None or os.path.isfile(target):
+            projection = base._projection(target)
+            try:
+                projection.catch_up(log)
+            finally:
+                projection.close()
+            projected = projection.where if base._is_postgres(target) else target
     if as_json:
-        base._print_json([_redaction_json(r) for r in done])
+        base._print_json({"redactions": [_redaction_json(r) for r in done], "projection": projected})
         return
     for r in done:
         click.echo(f"redacted: {r}")
+    if projected is not None:
+        click.echo(f"projection {projected}: brought up to date without the content")
 
 
 def _redaction_json(r: Redaction) -> dict[str, object]:

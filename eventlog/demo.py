@@ -14,8 +14,10 @@ did in a :class:`DemoReport`:
 5. a branch is forked to try another answer;
 6. the loop "crashes" in the middle of a tool call and resumes with repaired
    tool calls;
-7. the log is projected to SQLite (when the projection package is available),
-   searched, and verified.
+7. the log is projected to SQLite (when the projection package is available) and
+   searched;
+8. the leaked key is erased for good (``log.redact``): afterwards its bytes are in no
+   file of the log or the projection, and the log verifies.
 
 Everything but event timestamps is deterministic: the same run gives the same
 node digests on any machine.
@@ -89,6 +91,7 @@ class DemoReport:
     fork: dict[str, int] = field(default_factory=dict)
     resume: dict[str, int] = field(default_factory=dict)
     projection: dict[str, Any] = field(default_factory=dict)
+    redaction: dict[str, Any] = field(default_factory=dict)
     verify_ok: bool = False
     verify_text: str = ""
     events: int = 0
@@ -114,7 +117,8 @@ class DemoReport:
             f" The flush tombstoned {self.edit['tombstoned']}",
             f"   message(s) from there (reason 'edit') and appended {self.edit['appended']}; {self.edit['carried']} of them were"
             " carried, bodies not stored again",
-            "   (their node digests changed because their parent did). The leaked text stays in the log for audit.",
+            "   (their node digests changed because their parent did). The leaked text stayed in the log, tombstoned,"
+            " until step 8.",
             f"3. The user undid the last {self.rewind['tombstoned']} messages: a 'rewind' tombstone;"
             f" the conversation went on with {self.rewind['appended_after']} new messages.",
             f"4. Messages 1..{self.compaction['end'] - 1} were replaced by one summary: a 'compaction' tombstone ended"
@@ -133,8 +137,13 @@ class DemoReport:
             )
         else:
             out.append(f"7. SQLite projection skipped: {self.projection.get('reason', 'not available')}.")
+        out.append(
+            f"8. The leaked key was erased for good (log.redact of the tombstoned tool result, event"
+            f" {self.redaction['seq']}): {self.redaction['events_rewritten']} events rewritten, the data file"
+            f" replaced by a compacting copy; files holding the key afterwards: {self.redaction['files_holding']}."
+        )
         out += [
-            f"8. verify: {self.verify_text}",
+            f"9. verify: {self.verify_text}",
             "",
             f"The log holds {self.events} events in {len(self.sessions)} sessions: "
             + ", ".join(f"{s} ({self.live_messages[s]} live messages)" for s in self.sessions)
@@ -368,6 +377,19 @@ def run_demo(
 
         say("projecting to SQLite")
         report.projection = _project(log, db_path)
+
+        say("erasing the leaked key for good (redaction)")
+        leaked = next(o for o in log.history(MAIN) if SECRET in str(o.message.get("content")))
+        before_seq = log.last_seq
+        log.redact(MAIN, leaked.position, seq=leaked.seq, reason="an API key leaked into a tool result", by="demo")
+        if report.projection.get("available"):
+            report.projection = _project(log, db_path)  # it rebuilds itself without the key
+        report.redaction = {
+            "position": leaked.position,
+            "seq": leaked.seq,
+            "events_rewritten": before_seq - leaked.source[0] + 1,
+            "files_holding": sum(1 for f in root.rglob("*") if f.is_file() and SECRET.encode() in f.read_bytes()),
+        }
 
         say("verifying every digest and the hash chain")
         verified = log.verify()

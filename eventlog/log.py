@@ -16,7 +16,7 @@ import lmdb
 from . import audit, codec
 from . import events as ev
 from . import redact as redaction
-from .errors import InvalidMessageError, LogInUseError
+from .errors import EventLogError, InvalidMessageError, LogInUseError, ReadOnlyError
 from .keys import SessionState
 from .projector import Projection, Projector, bind
 from .redact import Redaction
@@ -713,7 +713,9 @@ class EventLog:
 
         Raises :class:`UnknownSessionError`, ``ValueError`` for a position that is not there
         or an empty ``reason``, :class:`RedactedError` for a message redacted already,
-        :class:`LogInUseError` (nothing written) while another process has the log open.
+        :class:`LogInUseError` (nothing written) while another process has the log open, and
+        :class:`EventLogError` when an attached projection fails to catch up afterwards (the
+        redaction itself is done).
         """
         check_session_id(session_id)
         if not isinstance(reason, str):
@@ -723,6 +725,8 @@ class EventLog:
         if not isinstance(by, str):
             raise TypeError(f"by must be a str, not {type(by).__name__}")
         store = self._store
+        if store.readonly:
+            raise ReadOnlyError(f"{store.path}: the log was opened read-only; a redaction writes")
         if store.shared():
             raise LogInUseError(
                 f"{store.path}: another process has the log open; a redaction replaces the data file, "
@@ -734,8 +738,10 @@ class EventLog:
                 erased = store.write(
                     lambda txn: redaction.redact(store, txn, session_id, position, seq=seq, reason=reason, by=by)
                 )
-                # Cached lists hold the erased content's digest: forget them all.
+                # Cached lists hold the erased content's digest, and the buffer events are encoded
+                # into may still hold its bytes: forget them.
                 self._cache.clear()
+                store.buffer.data = bytearray()
         finally:
             with self._turns_guard:
                 turn.users -= 1
@@ -751,7 +757,11 @@ class EventLog:
                 "until `eventlog vacuum` (EventLog.vacuum) runs"
             ) from None
         self._after_write()
-        self.sync_projections()
+        if not self.sync_projections():
+            raise EventLogError(
+                f"{store.path}: the redaction is recorded and erased from the log, but an attached projection "
+                "failed to catch up (logged): it holds the content until it does (sync_projections())"
+            )
         return erased.redactions
 
     def vacuum(self) -> dict[str, int]:

@@ -107,9 +107,7 @@ def _block(block: Mapping[str, Any]) -> dict[str, Any] | None:
     if kind == "tool_result":
         kept = {key: block[key] for key in ("type", "tool_use_id") if isinstance(block.get(key), str)}
         return {**kept, "content": REDACTED}
-    if kind == "text" and block.get("text") == REDACTED and len(block) == 2:
-        return None  # a placeholder's own text block: it is put first again
-    return None
+    return None  # text, images, a placeholder's own text block (put first again): dropped
 
 
 def _call(call: Mapping[str, Any]) -> dict[str, Any]:

@@ -159,11 +159,14 @@ def test_concurrency_scenario(tmp_path: Path) -> None:
         "2 processes",
         "1 thread, trust mode",
         "2 threads, trust mode",
+        "1 thread, 2 sessions per flush_many (one commit: the bound of grouping 2 processes)",
         "1 thread, durability none (CPU bound)",
         "1 thread, trust mode, durability none (CPU bound)",
     ]
     ratios = {row["system"]: row["x_single"] for row in result["rows"]}
     assert ratios["1 thread"] == ratios["1 thread, trust mode"] == 1  # each mode's durable writer
+    batched = next(row for row in result["rows"] if row["kind"] == "batched")
+    assert batched["writers"] == 2 and len(batched["rates"]) == 2  # run() checked what it stored
     print(bench_concurrency.render(result))
 
 

@@ -38,8 +38,14 @@ def test_the_log_matches_the_report(demo):
         )
         live = log.messages(MAIN)
         assert not any(SECRET in json.dumps(m) for m in live)
-        # The leaked key stays in the log for audit, in the tombstoned occurrence.
-        assert any(SECRET in json.dumps(o.message) for o in history if o.tombstone and o.tombstone.reason == "edit")
+        # The leaked key stayed in the tombstoned occurrence until the demo erased it.
+        assert not any(SECRET in json.dumps(o.message) for o in history)
+        redacted = [o for o in history if o.redaction is not None]
+        assert [(o.position, o.seq, o.tombstone.reason if o.tombstone else None) for o in redacted] == [
+            (demo.redaction["position"], demo.redaction["seq"], "edit")
+        ]
+        assert demo.redaction["files_holding"] == 0
+        assert not [p for p in Path(demo.path).rglob("*") if p.is_file() and SECRET.encode() in p.read_bytes()]
         assert live[1]["content"].startswith("[Summary of the first")
         assert len(live) == demo.live_messages[MAIN]
         assert log.messages(BRANCH)[: demo.fork["at"]] == live[: demo.fork["at"]]
@@ -92,7 +98,7 @@ def test_command_writes_to_the_default_directory_and_reruns(tmp_path, monkeypatc
     first = runner.invoke(cli, ["demo", "--turns", "12"], catch_exceptions=False)
     assert first.exit_code == 0, first.output
     assert first.stdout.startswith("eventlog demo: a scripted agent session in eventlog-demo (durability 'full')")
-    assert "8. verify: ok:" in first.stdout
+    assert "9. verify: ok:" in first.stdout
     assert (tmp_path / "eventlog-demo" / "log" / "data.mdb").exists()
     assert (tmp_path / "eventlog-demo" / "log.sqlite").exists()
     second = runner.invoke(cli, ["demo", "--turns", "12", "--json"], catch_exceptions=False)

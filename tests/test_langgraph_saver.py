@@ -296,6 +296,20 @@ def test_written_messages_are_stored_once_in_the_transcript(tmp_path: Path) -> N
         assert contents == sorted(row["content"] for row in log.messages("t"))
 
 
+def test_checkpoints_stored_in_the_background_leave_no_tombstones(tmp_path: Path) -> None:
+    """LangGraph's default durability stores a checkpoint while the next step runs, so a task's
+    writes may come before the checkpoint they belong to; nothing is appended on a guess."""
+    with EventLog.open(tmp_path / "log") as log:  # commits that take a while: the steps overlap them
+        graph = agent_graph(scripted(1), EventLogSaver(log))
+        for thread in range(40):
+            message = HumanMessage(content="question 0", id="user-0")
+            graph.invoke({"messages": [message]}, config(f"t{thread}"), durability="async")
+        for thread in range(40):
+            history = log.history(f"t{thread}")
+            assert [o.tombstone for o in history] == [None] * 4, thread
+            assert [row["role"] for row in log.messages(f"t{thread}")] == ["user", "assistant", "tool", "assistant"]
+
+
 def test_an_interrupted_step_keeps_its_finished_tasks_messages_once(tmp_path: Path) -> None:
     def early(state: MessagesState) -> dict[str, Any]:
         return {"messages": [AIMessage(content="done early", id="early")]}
@@ -361,6 +375,31 @@ def test_writes_for_a_checkpoint_of_another_branch_stay_out_of_the_conversation(
         found = EventLogSaver(log).get_tuple(first)
         assert found is not None and found.pending_writes == [("task", "messages", [late])]
         assert found.checkpoint["channel_values"]["messages"] == [a, b]
+
+
+def test_delete_for_runs_keeps_the_rows_before_the_first_it_removes(tmp_path: Path) -> None:
+    import uuid
+
+    with EventLog.open(tmp_path / "log") as log:
+        saver = EventLogSaver(log)
+        graph = agent_graph(scripted(3), saver)
+        runs = [uuid.uuid4() for _ in range(3)]
+        for turn, run in enumerate(runs):
+            message = HumanMessage(content=f"question {turn}", id=f"user-{turn}")
+            graph.invoke({"messages": [message]}, {**config("t"), "metadata": {"run_id": str(run)}}, durability="sync")
+        kept = [c for c in saver.list(config("t")) if c.metadata.get("run_id") != str(runs[1])]
+        before = log.history(records_session("t"))
+        saver.delete_for_runs([str(runs[1])])
+        after = log.history(records_session("t"))
+        first_gone = next(i for i, o in enumerate(after) if o.tombstone is not None)
+        assert [o.node for o in after[:first_gone]] == [o.node for o in before[:first_gone]]
+        assert first_gone > 0 and all(o.tombstone is None for o in after[len(before) :])
+        # What is left reads back as it was, from the saver and from one that never saw it.
+        for reader in (saver, EventLogSaver(log)):
+            left = list(reader.list(config("t")))
+            assert [(c.checkpoint, c.metadata, c.parent_config) for c in left] == [
+                (c.checkpoint, c.metadata, c.parent_config) for c in kept
+            ]
 
 
 def test_eventlog_show_prints_the_conversation(tmp_path: Path) -> None:

@@ -16,7 +16,7 @@ from factories import assistant, tool, user
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from eventlog import EventLog, LogInUseError, RedactedError, UnknownSessionError, codec, signing
+from eventlog import EventLog, LogInUseError, ReadOnlyError, RedactedError, UnknownSessionError, codec, signing
 from eventlog.aio import AsyncEventLog
 from eventlog.audit import AuditError
 from eventlog.cli import cli
@@ -92,7 +92,14 @@ def test_redaction_erases_the_content_from_every_file_and_keeps_every_proof(tmp_
         old_node = bytes.fromhex(log.history("chat")[2].node)
         assert files_holding(path, [*secret_traces, old_node])  # before: it is there
 
+        store = log._store
+        with store.read() as txn:
+            nodes_before = list(store.tree.nodes(txn))
+
         done = log.redact("chat", 2, reason="a leaked API key", by="alice")
+
+        with store.read() as txn:  # the tree only grew by the redaction event's leaf
+            assert list(store.tree.nodes(txn))[: len(nodes_before)] == nodes_before
 
         assert [(r.session, r.position, r.reason, r.by) for r in done] == [("chat", 2, "a leaked API key", "alice")]
         assert files_holding(path, [*secret_traces, old_node]) == {}
@@ -292,6 +299,13 @@ def test_bad_requests_are_refused_and_write_nothing(tmp_path):
             log.redact("chat", 2, reason="nothing to erase")
 
 
+def test_a_read_only_log_refuses_a_redaction(tmp_path):
+    with EventLog.open(tmp_path / "log") as log:
+        log.flush("chat", [user("hi"), secret_message()])
+    with EventLog.open(tmp_path / "log", readonly=True) as log, pytest.raises(ReadOnlyError, match="read-only"):
+        log.redact("chat", 1, reason="leak")
+
+
 def test_a_redaction_is_refused_while_another_process_has_the_log_open(tmp_path):
     path = tmp_path / "log"
     with EventLog.open(path) as log:
@@ -353,10 +367,41 @@ def test_the_cli_redacts_and_verify_reports_it(tmp_path):
     again = run(path, "redact", "chat", "1", "--reason", "again")
     assert again.exit_code == 1 and "redacted already" in again.output
     assert run(path, "redact", "chat", "0", "--reason", "").exit_code == 1
+    redone = run(path, "redact", "chat", "0", "--reason", "the greeting too", "--json")
+    assert json.loads(redone.output)["redactions"][0]["position"] == 0
     history = run(path, "history", "chat", "--json")
-    assert [o["redacted"] is not None for o in json.loads(history.output)] == [False, True]
+    assert [o["redacted"] is not None for o in json.loads(history.output)] == [True, True]
     assert files_holding(path, [SECRET.encode()]) == {}
     assert run(path, "vacuum").exit_code == 0
+
+
+def test_the_cli_erases_the_content_from_the_default_projection(tmp_path):
+    path = tmp_path / "log"
+    with EventLog.open(path) as log:
+        log.flush("chat", [user("hi"), secret_message()])
+    assert run(path, "project").exit_code == 0
+    db = tmp_path / "log.sqlite"
+    assert files_holding(tmp_path, [SECRET.encode()])
+    done = run(path, "redact", "chat", "1", "--reason", "leak")
+    assert done.exit_code == 0, done.output
+    assert f"projection {db}: brought up to date" in done.output
+    assert files_holding(tmp_path, [SECRET.encode()]) == {}
+
+
+def test_an_attached_projection_is_erased_before_redact_returns(tmp_path):
+    from projections import SQLiteProjection
+
+    projection = SQLiteProjection(tmp_path / "t.sqlite")
+    with EventLog.open(tmp_path / "log", projections=[projection]) as log:
+        log.flush("chat", [user("hi"), secret_message(), user("thanks")])
+        log.sync_projections()
+        assert files_holding(tmp_path, [SECRET.encode()])
+        log.redact("chat", 1, reason="leak")
+        assert files_holding(tmp_path, [SECRET.encode()]) == {}
+        log.flush("chat", [*log.messages("chat"), user("later")])
+        assert log.sync_projections()
+    projection.close()
+    assert files_holding(tmp_path, [SECRET.encode()]) == {}
 
 
 def test_the_async_log_redacts(tmp_path):
@@ -426,6 +471,9 @@ def test_random_redactions_never_break_a_proof_of_another_message(tmp_path_facto
         report = log.verify(checkpoints=[note], keys=[key.verifier()])
         assert report.ok, report.problems
         assert {(r.body_seq, r.body_index) for r in report.redactions} == redacted_bodies
+        for name, held in lists.items():  # the agents still hold their lists: nothing is stored again
+            again = log.flush(name, held)
+            assert (again.appended, again.tombstoned) == (0, 0), name
     for proof, _ in proofs.values():
         if (proof["event"]["seq"], proof["message"]["index"]) in redacted_bodies:
             continue
@@ -455,3 +503,143 @@ def test_vacuum_keeps_the_log_usable_in_this_process(tmp_path):
     with EventLog.open(path) as log:
         assert len(log.messages("chat")) == 2
     assert os.stat(path / "data.mdb").st_mode == mode  # the copy has the file's permissions
+
+
+def test_verify_catches_a_redaction_that_kept_the_content(tmp_path):
+    """A forger who puts the content back under the seal (every digest, link and index
+    derived again, as a redaction does) is caught: a sealed body must be a placeholder."""
+    import msgspec
+
+    from eventlog.redact import _rewrite, _Target
+
+    path = tmp_path / "log"
+    with EventLog.open(path) as log:
+        log.flush("chat", [user("hi"), secret_message(), user("thanks")])
+        (done,) = log.redact("chat", 1, reason="leak")
+        store = log._store
+        original = codec.encode(secret_message())
+        target = _Target(msgspec.Raw(original), sha256(original).digest())
+
+        def forge(txn):
+            store.tip.pending = _rewrite(store, txn, {(done.body_seq, done.body_index): target}, done.body_seq)
+
+        store.write(forge)
+        assert log.messages("chat")[1] == secret_message()  # the forgery reads back
+        problems = [str(p) for p in log.verify().problems]
+        assert problems == [f"event {done.body_seq}: message 1 is sealed as redacted but still holds content"]
+
+
+def test_verify_checks_the_redactions_index(tmp_path):
+    from eventlog.keys import redaction_key
+
+    with EventLog.open(tmp_path / "log") as log:
+        log.flush("chat", [user("hi"), secret_message()])
+        (done,) = log.redact("chat", 1, reason="leak")
+        store = log._store
+        store.write(lambda txn: txn.delete(redaction_key(done.body_seq, done.body_index), db=store.redactions))
+        assert [str(p) for p in log.verify().problems] == [
+            "index: the redactions index differs from the redaction events"
+        ]
+        assert log.history("chat")[1].redaction is None  # what the index is for
+
+
+def test_a_seal_that_is_not_the_signed_commitment_is_caught_by_the_checkpoint(tmp_path, key):
+    """Whoever controls the host can seal any message (erase it) and rebuild the tree, but
+    not to the root a checkpoint signed before: the seal must be the message's commitment."""
+    import msgspec
+
+    from eventlog import events as ev
+    from eventlog.keys import HEADER, SEQ
+    from eventlog.redact import _rewrite
+
+    with EventLog.open(tmp_path / "log") as log:
+        log.flush("chat", [user("hi"), secret_message()])
+        note = log.checkpoint([key])
+        (done,) = log.redact("chat", 1, reason="leak")
+        assert log.verify(checkpoints=[note], keys=[key.verifier()]).ok
+        store = log._store
+
+        def forge(txn):
+            raw = bytes(txn.get(SEQ.pack(done.body_seq), db=store.events))
+            event = ev.decoder.decode(raw[HEADER.size :])
+            forged = msgspec.structs.replace(event, sealed={done.body_index: bytes(32)})
+            txn.put(SEQ.pack(done.body_seq), raw[: HEADER.size] + ev.encoder.encode(forged), db=store.events)
+            store.tip.pending = _rewrite(store, txn, {}, done.body_seq)  # every link resealed
+            store.tree.rebuild(txn)
+
+        store.write(forge)
+        assert log.verify().ok  # intact in itself
+        report = log.verify(checkpoints=[note], keys=[key.verifier()])
+        assert [p.what for p in report.problems] == [
+            "checkpoint: the log's first 2 events are not those the checkpoint signed "
+            "(history rewritten, events deleted, reordered or backdated)"
+        ]
+
+
+def test_writers_in_other_threads_go_on_through_a_redaction(tmp_path):
+    """Flushes from other threads while a redaction rewrites the log and swaps its file in:
+    each lands once, in the file that stays, and the log verifies."""
+    import threading
+
+    path = tmp_path / "log"
+    with EventLog.open(path) as log:
+        log.flush("chat", [user("hi"), secret_message(), user("thanks")])
+        stop = threading.Event()
+        written: dict[str, int] = {}
+        errors: list[BaseException] = []
+
+        def writer(name: str) -> None:
+            held: list[dict[str, object]] = []
+            try:
+                while not stop.is_set() or len(held) < 20:
+                    held.append(user(f"{name} {len(held)}"))
+                    log.flush(name, held)
+                    written[name] = len(held)
+            except BaseException as e:  # reported below
+                errors.append(e)
+
+        holding = threading.Event()
+        seen: list[object] = []
+
+        def reader() -> None:  # a snapshot open across the redaction stays readable until it ends
+            try:
+                with log._store.read() as txn:
+                    holding.set()
+                    stop.wait(1.0)
+                    seen.append(log._store.session(txn, "chat"))
+            except BaseException as e:
+                errors.append(e)
+
+        threads = [threading.Thread(target=writer, args=(f"w{i}",)) for i in range(3)]
+        threads.append(threading.Thread(target=reader))
+        for thread in threads:
+            thread.start()
+        assert holding.wait(10)
+        log.redact("chat", 1, reason="leak")
+        stop.set()
+        for thread in threads:
+            thread.join()
+        assert errors == []
+        assert len(seen) == 1 and seen[0] is not None
+        for name, count in written.items():
+            assert log.messages(name) == [user(f"{name} {i}") for i in range(count)]
+        assert log.verify().ok
+    with EventLog.open(path) as log:
+        assert {name: len(log.messages(name)) for name in written} == written
+    assert files_holding(path, [SECRET.encode()]) == {}
+
+
+def test_verify_checkpoint_on_the_command_line_after_a_redaction(tmp_path):
+    path, keyfile = tmp_path / "log", tmp_path / "keys" / "k"
+    keyfile.parent.mkdir()
+    with EventLog.open(path) as log:
+        log.flush("chat", [user("hi"), secret_message(), user("thanks")])
+    assert run(path, "keygen", "--out", str(keyfile), "--name", "example.com/log").exit_code == 0
+    assert run(path, "checkpoint", "--key", str(keyfile), "--out", str(tmp_path / "cp.txt")).exit_code == 0
+    head = run(path, "head").output.strip()
+    assert run(path, "redact", "chat", "1", "--reason", "leak").exit_code == 0
+    checked = run(path, "verify", "--checkpoint", str(tmp_path / "cp.txt"), "--key", f"{keyfile}.pub")
+    assert checked.exit_code == 0, checked.output
+    assert "1 redacted" in checked.output
+    stale = run(path, "verify", "--expect", head)
+    assert stale.exit_code == 1 and "does not have the hash written down for it" in stale.output
