@@ -85,8 +85,9 @@ enum { SLOT_DICT = 0, SLOT_LIST = 1, SLOT_TUPLE = 2, SLOT_KIND = 7 };
 typedef struct {
     PyObject_HEAD       /* no size of its own: the shape's counts say how many slots follow */
     PyObject *shape;    /* tuple: (code bytes, key or constant objects in pre-order) */
-    /* The leaves (strong references), then with USE_VERSIONS the list of containers (their
-     * addresses are never dereferenced unless what holds them was found unchanged). */
+    /* With USE_VERSIONS the list of containers (their addresses are never dereferenced unless
+     * what holds them was found unchanged), first, so that checking an unchanged message reads
+     * the record's first words only; then the leaves (strong references). */
     PyObject *slots[1];
 } Record;
 
@@ -117,8 +118,8 @@ static void record_dealloc(Record *self) {
     Counts counts;
     const unsigned char *code, *end;
     if (self->shape != NULL) {
-        Py_ssize_t n = record_layout(self, &counts, &code, &end) ? counts.leaves : 0;
-        for (Py_ssize_t i = 0; i < n; i++) Py_DECREF(self->slots[i]);
+        if (record_layout(self, &counts, &code, &end))
+            for (Py_ssize_t i = 0; i < counts.leaves; i++) Py_DECREF(self->slots[counts.containers + i]);
         Py_DECREF(self->shape);
     }
     Py_TYPE(self)->tp_free((PyObject *)self);
@@ -345,15 +346,16 @@ static PyObject *record(PyObject *module, PyObject *const *args, Py_ssize_t narg
         } else {
             PyObject_Init((PyObject *)rec, &RecordType);
             rec->shape = NULL;
-            for (Py_ssize_t i = 0; i < nleaves; i++) rec->slots[i] = Py_NewRef(b.leaves.items[i]);
+            PyObject **leaves = rec->slots + b.containers.len;
+            for (Py_ssize_t i = 0; i < nleaves; i++) leaves[i] = Py_NewRef(b.leaves.items[i]);
 #if USE_VERSIONS
-            memcpy(rec->slots + nleaves, b.containers.items, (size_t)b.containers.len * sizeof(PyObject *));
+            memcpy(rec->slots, b.containers.items, (size_t)b.containers.len * sizeof(PyObject *));
 #endif
             for (Py_ssize_t i = 0; i < b.objects.len; i++) Py_INCREF(b.objects.items[i]);
             rec->shape = shared_shape(&b);
             for (Py_ssize_t i = 0; i < b.objects.len; i++) Py_DECREF(b.objects.items[i]);
             if (rec->shape == NULL) {
-                for (Py_ssize_t i = 0; i < nleaves; i++) Py_DECREF(rec->slots[i]);
+                for (Py_ssize_t i = 0; i < nleaves; i++) Py_DECREF(leaves[i]);
                 Py_TYPE(rec)->tp_free((PyObject *)rec);
             } else {
                 out = (PyObject *)rec;
@@ -532,9 +534,9 @@ static int matches(PyObject *rec, PyObject *live) {
     PyObject *const *objects = ((PyTupleObject *)r->shape)->ob_item + 1;
     Py_ssize_t nobjects = PyTuple_GET_SIZE(r->shape) - 1;
 #if USE_VERSIONS
-    if (fast(r->slots + counts.leaves, r->slots + counts.leaves + counts.containers, live)) return 1;
+    if (fast(r->slots, r->slots + counts.containers, live)) return 1;
 #endif
-    Cursor c = {code, end, objects, 0, nobjects, r->slots, 0, counts.leaves};
+    Cursor c = {code, end, objects, 0, nobjects, r->slots + counts.containers, 0, counts.leaves};
     /* The depth is bounded by the record's code: the live message is only walked where the
      * record has a container, however deep (or cyclic) the live message is. */
     return walk(&c, live) && c.code == c.end && c.leaf == c.nleaves && c.object == c.nobjects;
@@ -576,7 +578,7 @@ static PyObject *first_changed(PyObject *module, PyObject *const *args, Py_ssize
             Counts counts;
             const unsigned char *code, *stop;
             if (Py_TYPE(ahead) == &RecordType && record_layout((Record *)ahead, &counts, &code, &stop)) {
-                PyObject *const *slot = ((Record *)ahead)->slots + counts.leaves, *const *stop = slot + counts.containers;
+                PyObject *const *slot = ((Record *)ahead)->slots, *const *stop = slot + counts.containers;
                 for (int k = 0; slot < stop && k < 4; k++) {
                     uintptr_t word = (uintptr_t)*slot;
                     PREFETCH(word & ~(uintptr_t)SLOT_KIND);

@@ -69,6 +69,7 @@ static int plain_value(PyObject *value, int depth, const Walk *walk) {
 }
 
 static PyObject *plain_batch(PyObject *module, PyObject *const *args, Py_ssize_t nargs) {
+    (void)module;
     if (nargs != 3 || !PyList_Check(args[0])) {
         PyErr_SetString(PyExc_TypeError, "plain_batch(messages: list, max_depth: int, ints: bool)");
         return NULL;
@@ -90,6 +91,9 @@ static PyObject *plain_batch(PyObject *module, PyObject *const *args, Py_ssize_t
         PyObject *key, *value;
         while (PyDict_Next(message, &pos, &key, &value)) {
             if (!PyUnicode_CheckExact(key)) Py_RETURN_FALSE;
+#if PY_VERSION_HEX < 0x030C0000
+            if (PyUnicode_READY(key) < 0) return NULL; /* a legacy string: its characters first */
+#endif
             if (PyUnicode_GET_LENGTH(key) > 0 && PyUnicode_READ_CHAR(key, 0) == '_') Py_RETURN_FALSE;
             if (!plain_value(value, 1, &walk)) Py_RETURN_FALSE;
         }
@@ -104,6 +108,6 @@ static PyMethodDef methods[] = {
     {NULL, NULL, 0, NULL},
 };
 
-static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "eventlog._plain", NULL, 0, methods};
+static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "eventlog._plain", NULL, 0, methods, NULL, NULL, NULL, NULL};
 
 PyMODINIT_FUNC PyInit__plain(void) { return PyModule_Create(&module); }

@@ -550,7 +550,8 @@ def project(db: str | None, to: str | None, as_json: bool) -> None:
     DB is a SQLite file or a PostgreSQL URL (postgresql://...), where many hosts' logs
     share one database. It defaults to $EVENTLOG_DB, else the log path plus .sqlite.
     Applies only the events after this log's checkpoint; a SQLite DB that projects
-    another log is refused.
+    another log is refused. A DB that holds a message redacted since is rebuilt (a SQLite DB into a
+    fresh file, erasing the message; see docs/audit.md for PostgreSQL).
     """
     _project(_target(db, to), rebuild=False, as_json=as_json)
 
@@ -576,7 +577,9 @@ def rebuild(db: str | None, exclusive: bool, force: bool, to: str | None, as_jso
     whole, even a projection of another log, in one transaction; in a PostgreSQL DB only
     this log's rows are replaced. Readers keep seeing the old projection until it
     commits, unless --exclusive (SQLite; the default for a DB with nothing projected yet).
-    A DB that is no projection at all is left alone unless --force.
+    When the log holds a redaction, a SQLite DB is rebuilt into a fresh file copied over it,
+    so that nothing of the erased content stays in its pages or WAL. A DB that is no
+    projection at all is left alone unless --force.
     """
     _project(_target(db, to), rebuild=True, as_json=as_json, exclusive=exclusive, force=force)
 

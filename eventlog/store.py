@@ -371,7 +371,7 @@ class Store:
         try:
             if self.space is not None:
                 self.space.close()
-            if self.sync_meta:
+            if self.sync_meta and self.group.commits > self.group.synced:
                 try:  # a caller between its commit and its sync finds the store closed: this is its sync
                     self.env.sync(True)
                     synced = True
@@ -380,7 +380,12 @@ class Store:
             self.env.close()
             self._drop_open_lock()
         finally:
-            if self.sync_meta and not synced and self._close_sync_error is None:
+            if (
+                self.sync_meta
+                and not synced
+                and self._close_sync_error is None
+                and self.group.commits > self.group.synced
+            ):
                 self._close_sync_error = EventLogError(f"{self.path}: the log was closed before it was synced")
             self._close_synced.set()
 

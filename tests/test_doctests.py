@@ -12,6 +12,7 @@ MODULES = [
     "eventlog.aio",
     "eventlog.codec",
     "eventlog.merkle",
+    "eventlog.redact",
     "eventlog.spill",
     "eventlog.text",
     "eventlog.verify",

@@ -296,6 +296,20 @@ def test_written_messages_are_stored_once_in_the_transcript(tmp_path: Path) -> N
         assert contents == sorted(row["content"] for row in log.messages("t"))
 
 
+def test_checkpoints_stored_in_the_background_leave_no_tombstones(tmp_path: Path) -> None:
+    """LangGraph's default durability stores a checkpoint while the next step runs, so a task's
+    writes may come before the checkpoint they belong to; nothing is appended on a guess."""
+    with EventLog.open(tmp_path / "log") as log:  # commits that take a while: the steps overlap them
+        graph = agent_graph(scripted(1), EventLogSaver(log))
+        for thread in range(40):
+            message = HumanMessage(content="question 0", id="user-0")
+            graph.invoke({"messages": [message]}, config(f"t{thread}"), durability="async")
+        for thread in range(40):
+            history = log.history(f"t{thread}")
+            assert [o.tombstone for o in history] == [None] * 4, thread
+            assert [row["role"] for row in log.messages(f"t{thread}")] == ["user", "assistant", "tool", "assistant"]
+
+
 def test_an_interrupted_step_keeps_its_finished_tasks_messages_once(tmp_path: Path) -> None:
     def early(state: MessagesState) -> dict[str, Any]:
         return {"messages": [AIMessage(content="done early", id="early")]}

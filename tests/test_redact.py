@@ -574,3 +574,72 @@ def test_a_seal_that_is_not_the_signed_commitment_is_caught_by_the_checkpoint(tm
             "checkpoint: the log's first 2 events are not those the checkpoint signed "
             "(history rewritten, events deleted, reordered or backdated)"
         ]
+
+
+def test_writers_in_other_threads_go_on_through_a_redaction(tmp_path):
+    """Flushes from other threads while a redaction rewrites the log and swaps its file in:
+    each lands once, in the file that stays, and the log verifies."""
+    import threading
+
+    path = tmp_path / "log"
+    with EventLog.open(path) as log:
+        log.flush("chat", [user("hi"), secret_message(), user("thanks")])
+        stop = threading.Event()
+        written: dict[str, int] = {}
+        errors: list[BaseException] = []
+
+        def writer(name: str) -> None:
+            held: list[dict[str, object]] = []
+            try:
+                while not stop.is_set() or len(held) < 20:
+                    held.append(user(f"{name} {len(held)}"))
+                    log.flush(name, held)
+                    written[name] = len(held)
+            except BaseException as e:  # reported below
+                errors.append(e)
+
+        holding = threading.Event()
+        seen: list[object] = []
+
+        def reader() -> None:  # a snapshot open across the redaction stays readable until it ends
+            try:
+                with log._store.read() as txn:
+                    holding.set()
+                    stop.wait(1.0)
+                    seen.append(log._store.session(txn, "chat"))
+            except BaseException as e:
+                errors.append(e)
+
+        threads = [threading.Thread(target=writer, args=(f"w{i}",)) for i in range(3)]
+        threads.append(threading.Thread(target=reader))
+        for thread in threads:
+            thread.start()
+        assert holding.wait(10)
+        log.redact("chat", 1, reason="leak")
+        stop.set()
+        for thread in threads:
+            thread.join()
+        assert errors == []
+        assert len(seen) == 1 and seen[0] is not None
+        for name, count in written.items():
+            assert log.messages(name) == [user(f"{name} {i}") for i in range(count)]
+        assert log.verify().ok
+    with EventLog.open(path) as log:
+        assert {name: len(log.messages(name)) for name in written} == written
+    assert files_holding(path, [SECRET.encode()]) == {}
+
+
+def test_verify_checkpoint_on_the_command_line_after_a_redaction(tmp_path):
+    path, keyfile = tmp_path / "log", tmp_path / "keys" / "k"
+    keyfile.parent.mkdir()
+    with EventLog.open(path) as log:
+        log.flush("chat", [user("hi"), secret_message(), user("thanks")])
+    assert run(path, "keygen", "--out", str(keyfile), "--name", "example.com/log").exit_code == 0
+    assert run(path, "checkpoint", "--key", str(keyfile), "--out", str(tmp_path / "cp.txt")).exit_code == 0
+    head = run(path, "head").output.strip()
+    assert run(path, "redact", "chat", "1", "--reason", "leak").exit_code == 0
+    checked = run(path, "verify", "--checkpoint", str(tmp_path / "cp.txt"), "--key", f"{keyfile}.pub")
+    assert checked.exit_code == 0, checked.output
+    assert "1 redacted" in checked.output
+    stale = run(path, "verify", "--expect", head)
+    assert stale.exit_code == 1 and "does not have the hash written down for it" in stale.output

@@ -191,13 +191,14 @@ class _Transcript:
         The lists are extended in place and shared with the result: a write that does not
         commit must drop this entry (:meth:`EventLogSaver._retrying` does).
         """
-        if self.nodes is None:
-            self.nodes = _chain(ZERO, self.rows)
-        self.nodes.extend(_chain(self.nodes[-1] if self.nodes else ZERO, rows))
+        # From the stored head, not from digests of the rows as read (a redacted row reads otherwise).
+        nodes = _chain(bytes.fromhex(self.head) if self.head else ZERO, rows)
+        if self.nodes is not None:
+            self.nodes.extend(nodes)
         self.objects.extend(messages)
         self.rows.extend(rows)
         self.snaps.extend(snapshot(m) for m in messages)
-        return dataclasses.replace(self, head=self.nodes[-1].hex())
+        return dataclasses.replace(self, head=nodes[-1].hex())
 
     def untouched(self, start: int, stop: int) -> bool:
         """Whether messages ``start..stop`` still equal what they were when stored (C loops)."""
@@ -561,32 +562,26 @@ class EventLogSaver(BaseCheckpointSaver[int]):
         Messages already in the transcript after the checkpoint's own (the graph's input,
         then its task's write; or the next checkpoint took them in first) are referred to
         where they are.  Others are appended after the checkpoint's messages, as that
-        checkpoint's pending messages, when nothing else follows them.  LangGraph may hand
-        over a checkpoint's writes before the checkpoint itself: its messages are then
-        taken to be the live ones, when those end in another checkpoint's pending messages
-        (the checkpoint checks this when it comes, and tombstones what it does not take).
+        checkpoint's pending messages, when nothing else follows them.  Writes LangGraph
+        hands over before their checkpoint (it stores checkpoints in the background) keep
+        their own copy: what that checkpoint's messages will be is not known yet.
         A message without an id is not appended: ``add_messages`` gives it one when the step
         ends, on another thread, maybe while this runs; the write keeps its own copy.
         """
-        if not is_message_list(messages) or any(isinstance(m, RemoveMessage) or not m.id for m in messages):
+        if not known or not is_message_list(messages):
+            return None
+        if any(isinstance(m, RemoveMessage) or not m.id for m in messages):
             return None
         entry = self._loaded(sid, plan)
         if entry is None:
             return None
         live = len(entry.objects)
-        if known:
-            if type(ref) is not dict or ref.get("session") != sid or ref.get("start", 0) != 0:
-                return None
-            length = ref["length"]
-            if length > live or entry.node(length) != ref["head"]:
-                return None  # the live transcript no longer starts with the checkpoint's messages
-            own = live == length or (entry.pending == key and entry.base == length)
-        elif entry.pending == key:
-            length, own = entry.base, True
-        elif entry.pending is not None:
-            length, own = live, True
-        else:
+        if type(ref) is not dict or ref.get("session") != sid or ref.get("start", 0) != 0:
             return None
+        length = ref["length"]
+        if length > live or entry.node(length) != ref["head"]:
+            return None  # the live transcript no longer starts with the checkpoint's messages
+        own = live == length or (entry.pending == key and entry.base == length)
         count = len(messages)
         objects, snaps = entry.objects, entry.snaps
         for start in range(length, live - count + 1):

@@ -2,14 +2,17 @@
 
 A saver works with *full* rows: a checkpoint row holds the checkpoint's every field and a
 reference for each channel value; a writes row holds a task's writes.  It stores them
-*compact*: short keys, the checkpoint id once, the transcript a reference points into
-left out when it is the channel's own, and a checkpoint stored as what changed since its
-parent (``"d": 1``: channel versions, versions seen and value references that differ,
-and the names of those that went).  LangGraph moves a few versions per step, so a
-checkpoint row is a few hundred bytes however many channels the graph has.
+*compact*: short keys, the checkpoint id once, its time stamp as microseconds since 1970
+(when it reads back the same), the transcript a reference points into left out when it is
+the channel's own, and a checkpoint stored as what changed since its parent (``"d": 1``:
+metadata, channel versions, versions seen, other fields and value references that differ,
+each with the names of those that went, ``<name>x``).  The parent's id, and a write's
+checkpoint id, are left out when they are the newest checkpoint of the namespace stored
+before the row (LangGraph's next step, nearly always).  LangGraph moves a few versions per
+step, so a checkpoint row is a few hundred bytes however many channels the graph has.
 
 A compact row is read in the order it was stored, after its parent, and becomes the full
-row again; full rows (``"kind"``) are stored too (rewritten threads) and read as they are.
+row again; full rows (``"kind"``) are read as they are.
 
 References (full form -> compact form):
 
