@@ -31,19 +31,22 @@ commit (see docs/design.md) they share its sync too.  Other writes (``append``, 
 
 Cancellation (``task.cancel()``, ``asyncio.timeout``) follows one rule: an awaited call
 that returned was committed whole, and a call that raised ``CancelledError`` was not
-acknowledged.  A cancelled call that had not reached a worker yet never runs.  One that a
-worker was already running cannot be stopped half way (its write lands whole or not at
+acknowledged.  A cancelled call that no worker had started yet never runs (one waiting on a
+worker for the earlier calls of its session has not started).  One that a worker was
+already running cannot be stopped half way (its write lands whole or not at
 all); the cancelled task waits for that worker to finish before ``CancelledError`` reaches
 it, so whatever the task writes next (a flush in ``finally``) comes after it and is never
 undone by it.  Because flushes are idempotent, the usual recovery is to flush the same list
 again: whatever had landed is not written twice.
 
-A flush waiting in a batch that no worker has taken yet is such a call: cancelled, it leaves
-the batch and never runs.  Once a worker has taken the batch, it lands whole with the batch
-(or not at all, with the batch).
+A flush waiting in a batch that no worker has started writing is such a call: cancelled, it
+never runs.  Once a worker writes the batch, it lands whole with the batch (or not at all,
+with the batch).
 
 Calls naming the same session run in the order they were made, whichever worker takes them:
-two flushes of one session never share a batch, and the later one waits for the earlier.
+two flushes of one session never share a batch, and the later one waits for the earlier.  A
+call cancelled before it started keeps its place all the same: the calls made after it still
+wait for those made before it.
 """
 
 from __future__ import annotations
