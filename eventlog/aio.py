@@ -413,10 +413,11 @@ class AsyncEventLog:
             # A flush of one of these sessions may be waiting for its batch: hand it to a
             # worker first, so this call (queued behind it) never waits for a batch not queued.
             self._dispatch(force=True)
+        claim = _Claim()
         with self._tails_guard:
             before = [tail for tail in (self._tails.get(key) for key in keys) if tail is not None]
             work = (
-                functools.partial(_after, before, fn, args, kwargs)
+                functools.partial(self._after, claim, before, fn, args, kwargs)
                 if before
                 else functools.partial(fn, *args, **kwargs)
             )
@@ -432,7 +433,12 @@ class AsyncEventLog:
         try:
             return await asyncio.shield(waiter)
         except asyncio.CancelledError:
-            if job.cancel():
+            if before:
+                # It waits for earlier calls of its sessions: it must stay in line (the calls
+                # after it wait for it, and so for those), so it is told not to run instead.
+                if self._cancel(claim):
+                    raise  # no worker had started it: it never runs
+            elif job.cancel():
                 raise  # no worker had started it: it never runs
             # A worker is running it and cannot be stopped half way: let it finish before the
             # task hears of the cancellation, so the task's next write comes after this one.
@@ -461,8 +467,10 @@ class AsyncEventLog:
         try:
             return await waiter
         except asyncio.CancelledError:
-            if item.done.cancel():
-                raise  # no worker had taken it: it never runs
+            if self._cancel(item):
+                # No worker had taken it: it never runs.  It stays in line all the same (a worker
+                # resolves it once the calls before it are done), for the calls after it.
+                raise
             # A worker is writing it and cannot be stopped half way: let it finish before the
             # task hears of the cancellation, so the task's next write comes after this one.
             await _finish(asyncio.wrap_future(item.done))
@@ -494,7 +502,9 @@ class AsyncEventLog:
             # Outside the guard: resolving a flush runs _forget, which takes it.
             error = EventLogError(f"{self.path}: this AsyncEventLog is closed")
             for item in batch:
-                if item.done.set_running_or_notify_cancel():
+                if item.cancelled:
+                    _give_up(item.done)
+                else:
                     item.error = error
                     item.done.set_exception(error)
             self._settle_soon(batch)  # ends the batch
@@ -508,8 +518,7 @@ class AsyncEventLog:
         replace: bool | None = None
         limit = max(1, min(self._batch_size, int(self._batch_cpu / self._flush_cpu + 1e-9)))
         for item in self._pending:
-            if item.done.cancelled():
-                continue  # cancelled before a worker took it: dropped
+            # (A flush cancelled meanwhile goes along: its worker resolves it after the calls before it.)
             if len(batch) < limit and item.session_id not in sessions and (replace is None or item.replace is replace):
                 replace = item.replace
                 sessions.add(item.session_id)
@@ -526,7 +535,14 @@ class AsyncEventLog:
             if befores:
                 # Earlier calls of these sessions; queued before this batch, so running or done.
                 concurrent.futures.wait(befores)
-            live = [item for item in batch if item.done.set_running_or_notify_cancel()]
+            with self._tails_guard:
+                for item in batch:
+                    if not item.cancelled:
+                        item.taken = True
+                        live.append(item)
+            for item in batch:
+                if item.cancelled:
+                    _give_up(item.done)  # (its callbacks take the guard)
             started = time.thread_time()
             self._write_together(live)
             if live:
@@ -602,7 +618,7 @@ class AsyncEventLog:
             if waiter is None or waiter.done():
                 continue  # its task was cancelled
             if item.done.cancelled():
-                waiter.cancel()
+                waiter.cancel()  # (not reached: a cancelled flush's task stopped waiting)
             elif item.error is not None:
                 waiter.set_exception(item.error)
             else:
@@ -613,6 +629,36 @@ class AsyncEventLog:
             if self._pending:
                 self._dispatch()
 
+    def _cancel(self, claim: _Claim) -> bool:
+        """Mark a call no worker has taken as not to be run; False when a worker has taken it."""
+        with self._tails_guard:
+            if claim.taken:
+                return False
+            claim.cancelled = True
+            return True
+
+    def _after(
+        self,
+        claim: _Claim,
+        before: list[concurrent.futures.Future[Any]],
+        fn: Callable[..., T],
+        args: Any,
+        kwargs: Any,
+    ) -> Any:
+        """Run ``fn`` once the earlier calls of its sessions are finished (whatever their outcome),
+        unless the call was cancelled meanwhile.
+
+        The pool takes calls in the order they were made, so each of ``before`` is running or
+        finished by now, or waiting for calls before it, and this never waits for a call queued
+        behind it.
+        """
+        concurrent.futures.wait(before)
+        with self._tails_guard:
+            if claim.cancelled:
+                return None  # its task heard CancelledError; nobody reads this
+            claim.taken = True
+        return fn(*args, **kwargs)
+
     def _forget(self, keys: list[str], job: concurrent.futures.Future[Any]) -> None:
         with self._tails_guard:
             for key in keys:
@@ -620,11 +666,23 @@ class AsyncEventLog:
                     del self._tails[key]
 
 
-class _Flush:
+class _Claim:
+    """Whether a worker took a call (``taken``) or its task gave it up before (``cancelled``);
+    set under the log's guard, one of the two at most."""
+
+    __slots__ = ("cancelled", "taken")
+
+    def __init__(self) -> None:
+        self.cancelled = False
+        self.taken = False
+
+
+class _Flush(_Claim):
     """One awaited :meth:`AsyncEventLog.flush`, from the call until its batch is written.
 
-    ``done`` is its outcome for the calls that must follow it (``cancel()`` succeeds until a
-    worker takes it); ``waiter`` the awaiting task's future, on ``loop``.
+    ``done`` is its outcome for the calls that must follow it (cancelled when its task gave
+    it up before a worker took it, once the calls before it are done); ``waiter`` the awaiting
+    task's future, on ``loop``.
     """
 
     __slots__ = (
@@ -641,6 +699,7 @@ class _Flush:
     )
 
     def __init__(self, session_id: str, messages: Any, expected_head: str | None, replace: bool) -> None:
+        super().__init__()
         self.session_id = session_id
         self.messages = messages
         self.expected_head = expected_head
@@ -681,14 +740,11 @@ class _Opening:
             await self._log.close()
 
 
-def _after(before: list[concurrent.futures.Future[Any]], fn: Callable[..., T], args: Any, kwargs: Any) -> T:
-    """Run ``fn`` once the earlier calls of its sessions are finished (whatever their outcome).
-
-    The pool takes calls in the order they were made, so each of ``before`` is running or
-    finished by now and this never waits for a call queued behind it.
-    """
-    concurrent.futures.wait(before)
-    return fn(*args, **kwargs)
+def _give_up(done: concurrent.futures.Future[Any]) -> None:
+    """Cancel ``done`` and tell its waiters (``concurrent.futures.wait`` counts a cancelled
+    future done only once notified)."""
+    done.cancel()
+    done.set_running_or_notify_cancel()
 
 
 async def _finish(waiter: asyncio.Future[Any]) -> None:

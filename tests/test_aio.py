@@ -507,3 +507,65 @@ def test_a_cancelled_flush_of_a_batch_no_worker_took_yet_never_runs(tmp_path: Pa
             assert (await log.flush("s2", turn(0))).appended == 2
 
     run(main())
+
+
+def test_a_cancelled_flush_keeps_the_calls_after_it_in_line(tmp_path: Path) -> None:
+    # A (a flush) waits for an append of its session that a worker holds; B, a flush of the
+    # same session made after A, is cancelled before a worker takes it; then C flushes the
+    # session.  C still runs after A, though the call right before it (B) never runs: had C
+    # overtaken A, A's older list would have rewound C's turns.
+    async def main() -> None:
+        async with await AsyncEventLog.open(tmp_path / "log", max_workers=4, max_batches=3) as log:
+            await log.flush("s", turn(0))
+            gate = Gate("question 1")
+            held = asyncio.create_task(log.append("s", [gate]))
+            await wait_for(gate.reading)
+            first = [*turn(0), {"role": "user", "content": "question 1"}, turn(1)[1]]
+            a = asyncio.create_task(log.flush("s", first))
+            await asyncio.sleep(0.02)  # A's batch waits for the append on a worker
+            b = asyncio.create_task(log.flush("s", first + turn(2)))
+            await asyncio.sleep(0.02)  # B's batch waits for A's on another
+            b.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await b
+            c = asyncio.create_task(log.flush("s", first + turn(2) + turn(3)))
+            await asyncio.sleep(0.02)  # C's batch on a third worker
+            gate.open()
+            assert (await held).appended == 1
+            assert (await a).appended == 1
+            assert (await c).appended == 4  # B never ran: C wrote its turns
+            assert await log.messages("s") == first + turn(2) + turn(3)
+            assert all(o.tombstone is None for o in await log.history("s"))
+
+    run(main())
+
+
+def test_a_cancelled_call_keeps_the_calls_after_it_in_line(tmp_path: Path) -> None:
+    # The same for calls that each take a worker (append): B, cancelled while it waits for A,
+    # never runs, and C still runs after A.
+    async def main() -> None:
+        async with await AsyncEventLog.open(tmp_path / "log", max_workers=4) as log:
+            await log.flush("s", turn(0))
+            gate = Gate("question 1")
+            a = asyncio.create_task(log.append("s", [gate]))
+            await wait_for(gate.reading)
+            b = asyncio.create_task(log.append("s", [{"role": "assistant", "content": "never"}]))
+            await asyncio.sleep(0.02)  # B waits for A on a worker
+            b.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await b
+            c = asyncio.create_task(log.flush("s", [*turn(0), {"role": "user", "content": "question 1"}, *turn(2)]))
+            await asyncio.sleep(0.02)
+            gate.open()
+            assert (await a).appended == 1
+            assert (await c).appended == 2
+            assert [m["content"] for m in await log.messages("s")] == [
+                "question 0",
+                "answer 0",
+                "question 1",
+                "question 2",
+                "answer 2",
+            ]
+            assert all(o.tombstone is None for o in await log.history("s"))
+
+    run(main())
