@@ -36,6 +36,7 @@ from benchmarks import systems as sy
 from benchmarks.harness import now_ns, quiet_gc, run_main, scratch, summary, table
 from benchmarks.workload import Workload
 from eventlog import EventLog
+from eventlog.events import MessagesAppended
 
 MODES = ("full", "process", "none")
 ADDRESSED = "bare py-lmdb + digests"
@@ -48,7 +49,8 @@ def run(
     total = messages or (300 if quick else 5000)
     rows: list[dict[str, Any]] = []
     order = random.Random(11)
-    workload_turns = list(Workload(salt="commit").session(total))
+    # Each turn's list as the agent holds it then (the generator grows one list in place).
+    workload_turns = [(messages[:], new) for messages, new in Workload(salt="commit").session(total)]
     for mode in modes:
         with scratch(scratch_dir, f"commit-{mode}-") as root:
             samples: dict[str, list[int]] = {name: [] for name in WRITES}
@@ -80,6 +82,14 @@ def run(
                                 start = now_ns()
                                 steps[name](msgs, new, bodies)
                                 samples[name].append(now_ns() - start)
+                    # Every timed write stored its turn: none of them timed a write of nothing.
+                    for name, log in (("eventlog append", appender), ("eventlog flush", flusher)):
+                        stored = len(log.messages("s"))
+                        if stored != total:
+                            raise AssertionError(f"{name} stored {stored} of the {total} messages written")
+                        appends = sum(isinstance(record.event, MessagesAppended) for record in log.events())
+                        if appends != len(workload_turns):
+                            raise AssertionError(f"{name} made {appends} appends for {len(workload_turns)} turns")
             finally:
                 bare.close()
                 hashed.close()
