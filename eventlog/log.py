@@ -16,7 +16,7 @@ import lmdb
 from . import audit, codec
 from . import events as ev
 from . import redact as redaction
-from .errors import EventLogError, InvalidMessageError, LogInUseError, ReadOnlyError
+from .errors import CorruptLogError, EventLogError, InvalidMessageError, LogInUseError, ReadOnlyError, StorageFullError
 from .keys import SessionState
 from .projector import Projection, Projector, bind
 from .redact import Redaction
@@ -715,7 +715,11 @@ class EventLog:
         or an empty ``reason``, :class:`RedactedError` for a message redacted already,
         :class:`LogInUseError` (nothing written) while another process has the log open, and
         :class:`EventLogError` when an attached projection fails to catch up afterwards (the
-        redaction itself is done).
+        redaction itself is done).  When the compacting copy fails after the redaction is
+        committed (a full disk: :class:`StorageFullError`; a process that opened the log
+        meanwhile: :class:`LogInUseError`; a directory it may not write: :class:`ReadOnlyError`),
+        the data file stays as it was, attached projections are still brought up to date, and
+        the error says that the redaction is recorded and :meth:`vacuum` is left to run.
         """
         check_session_id(session_id)
         if not isinstance(reason, str):
@@ -749,15 +753,26 @@ class EventLog:
             from .spill import scrub
 
             scrub(spill_dir, erased.digest)
+        failed: EventLogError | None = None
         try:
             store.vacuum()
-        except LogInUseError as e:
-            raise LogInUseError(
-                f"{e}; the redaction is recorded, but the erased bytes stay in free pages of the data file "
-                "until `eventlog vacuum` (EventLog.vacuum) runs"
-            ) from None
+        except EventLogError as e:
+            # The redaction is committed: the projections are erased all the same, and the
+            # caller is told what is left to do (the old file's free pages still hold the bytes).
+            failed = e
         self._after_write()
-        if not self.sync_projections():
+        synced = self.sync_projections()
+        if failed is not None:
+            kind = next(
+                (c for c in (LogInUseError, StorageFullError, ReadOnlyError, CorruptLogError) if isinstance(failed, c)),
+                EventLogError,
+            )
+            projections = "" if synced else "; an attached projection also failed to catch up (logged)"
+            raise kind(
+                f"{failed}; the redaction is recorded, but the erased bytes stay in free pages of the data file "
+                f"until `eventlog vacuum` (EventLog.vacuum) runs{projections}"
+            ) from failed
+        if not synced:
             raise EventLogError(
                 f"{store.path}: the redaction is recorded and erased from the log, but an attached projection "
                 "failed to catch up (logged): it holds the content until it does (sync_projections())"

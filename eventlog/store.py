@@ -158,6 +158,18 @@ def _prepare_files(path: str, readonly: bool, allow_shared: bool) -> bool:
         raise
 
 
+def _copy_error(path: str, e: OSError) -> EventLogError:
+    """The error a compacting copy that the file system refused is reported as (the old file stays in place)."""
+    if isinstance(e, EventLogError):
+        return e
+    text = f"{path}: the compacting copy of the data file failed, the data file is unchanged ({e})"
+    if e.errno in (errno.ENOSPC, errno.EDQUOT):
+        return StorageFullError(f"{text}; it needs room for the whole file once more")
+    if e.errno in (errno.EROFS, errno.EACCES, errno.EPERM):
+        return ReadOnlyError(text)
+    return EventLogError(text)
+
+
 OPEN_LOCK = "eventlog.open"
 """A file beside the LMDB files that every process with the log open holds a shared ``flock`` on
 (from before its environment opens until it closes): a compacting copy (:meth:`Store.vacuum`)
@@ -460,7 +472,10 @@ class Store:
                     pass
                 self.check_identity()
                 before = os.path.getsize(data)
-                self._replace_with_copy(data)
+                try:
+                    self._replace_with_copy(data)
+                except OSError as e:  # the scratch directory, the copy's file, its sync, the rename
+                    raise _copy_error(self.path, e) from e
                 try:
                     self._reopen(data)
                 finally:

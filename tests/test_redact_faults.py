@@ -1,0 +1,92 @@
+"""Redaction under faults: a full disk, a process killed in the middle, a directory it may not
+write.  Each ends with the log opening, verifying, and either redacted or not (never half);
+a redaction that is committed is erased from attached projections even when the compacting
+copy fails, and the error says what is left to do."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from factories import assistant, user
+
+from eventlog import EventLog, StorageFullError
+
+SECRET = "sk-live-5d2c8e0b17a9f4"
+
+
+def files_holding(root: Path, needle: bytes) -> list[str]:
+    return sorted(str(p.relative_to(root)) for p in root.rglob("*") if p.is_file() and needle in p.read_bytes())
+
+
+def transcript(n: int = 150, size: int = 20_000) -> list[dict[str, object]]:
+    """A secret at position 1 followed by enough bulk that a copy of the data file takes room."""
+    bulk = [user(f"{i} " + "y" * size) for i in range(n)]
+    return [user("hi"), assistant(f"the key is {SECRET}"), *bulk]
+
+
+@pytest.fixture
+def tmpfs(tmp_path: Path) -> Iterator[Path]:
+    """A 12 MiB tmpfs mounted for this test, or a skip where mounting is not permitted."""
+    mountpoint = tmp_path / f"mnt-{uuid.uuid4().hex[:8]}"
+    mountpoint.mkdir()
+    try:
+        done = subprocess.run(
+            ["mount", "-t", "tmpfs", "-o", "size=12m", "tmpfs", str(mountpoint)],
+            capture_output=True,
+            text=True,
+            timeout=20,
+        )
+    except (OSError, subprocess.SubprocessError) as e:
+        pytest.skip(f"cannot mount a tmpfs here: {e}")
+    if done.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs here: {done.stderr.strip()}")
+    try:
+        yield mountpoint
+    finally:
+        subprocess.run(["umount", "-l", str(mountpoint)], capture_output=True, timeout=20)
+
+
+def _leave_free(mountpoint: Path, free: int) -> Path:
+    filler = mountpoint / "filler"
+    st = os.statvfs(mountpoint)
+    filler.write_bytes(b"x" * max(0, st.f_bavail * st.f_frsize - free))
+    return filler
+
+
+def test_a_full_disk_during_the_compacting_copy_still_erases_the_projection_and_says_vacuum_is_left(
+    tmpfs: Path, tmp_path: Path
+) -> None:
+    from projections import SQLiteProjection
+
+    path = tmpfs / "log"
+    projection = SQLiteProjection(tmp_path / "t.sqlite")
+    with EventLog.open(path, projections=[projection]) as log:
+        messages = transcript()
+        log.flush("chat", messages)
+        assert log.sync_projections()
+        assert files_holding(tmp_path, SECRET.encode())
+        # Room for the transaction's new pages, not for a copy of the whole file as well.
+        filler = _leave_free(tmpfs, 4_500_000)
+        with pytest.raises(StorageFullError) as caught:
+            log.redact("chat", 1, reason="leak")
+        text = str(caught.value)
+        assert "the redaction is recorded" in text and "eventlog vacuum" in text, text
+        assert log.messages("chat")[1]["content"] == "[redacted]"
+        assert log.verify().ok
+        # The projection is erased even though the data file could not be replaced yet.
+        assert [p for p in files_holding(tmp_path, SECRET.encode()) if p.startswith("t.sqlite")] == []
+        assert not [name for name in os.listdir(path) if name.startswith(".compact-")]
+        # The log goes on working; with room again, vacuum erases the old pages.
+        log.flush("chat", [*log.messages("chat"), user("after")])
+        filler.unlink()
+        log.vacuum()
+        assert files_holding(path, SECRET.encode()) == []
+        assert log.verify().ok
+    projection.close()
+    with EventLog.open(path) as log:
+        assert log.messages("chat")[-1] == user("after")
