@@ -170,6 +170,29 @@ def _copy_error(path: str, e: OSError) -> EventLogError:
     return EventLogError(text)
 
 
+COPY_PREFIX: Final = ".compact-"
+"""The name prefix of the scratch directory a compacting copy is made in (inside the log directory)."""
+
+
+def _remove_stale_copies(path: str) -> None:
+    """Remove what compacting copies cut short (a process killed during one) left in the log directory.
+
+    Called holding the open lock exclusively: no other process's copy is under way.  Each is a
+    directory holding a partial copy of the data file, as big as the file: left in place, they
+    would fill the disk one interrupted copy at a time.  A symbolic link is unlinked, never followed.
+    """
+    for entry in os.scandir(path):
+        if not entry.name.startswith(COPY_PREFIX):
+            continue
+        if entry.is_dir(follow_symlinks=False):
+            shutil.rmtree(entry.path, ignore_errors=True)
+        else:
+            try:
+                os.unlink(entry.path)
+            except FileNotFoundError:
+                pass
+
+
 OPEN_LOCK = "eventlog.open"
 """A file beside the LMDB files that every process with the log open holds a shared ``flock`` on
 (from before its environment opens until it closes): a compacting copy (:meth:`Store.vacuum`)
@@ -517,8 +540,12 @@ class Store:
                 f"{self.path}: another process has the log open; its data file cannot be replaced by a "
                 "compacting copy until it closes the log (then run `eventlog vacuum`)"
             )
-        scratch = tempfile.mkdtemp(prefix=".compact-", dir=self.path)
+        scratch = None
         try:
+            # Inside the try: a directory that refuses the scratch copy must not keep the open
+            # lock exclusive (every process opening the log would wait for it).
+            _remove_stale_copies(self.path)
+            scratch = tempfile.mkdtemp(prefix=COPY_PREFIX, dir=self.path)
             try:
                 writer = self.env.begin(write=True)  # LMDB's writer lock: nobody commits to the old file now
             except lmdb.Error as e:
@@ -548,7 +575,8 @@ class Store:
             self._share()
             raise
         finally:
-            shutil.rmtree(scratch, ignore_errors=True)
+            if scratch is not None:
+                shutil.rmtree(scratch, ignore_errors=True)
 
     def _reopen(self, data: str) -> None:
         """Open the environment again on the data file now in place (no transaction open here)."""
