@@ -19,6 +19,7 @@ the copy holds it until that transaction ends.
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import os
 import sqlite3
 import tempfile
@@ -28,18 +29,58 @@ SCRATCH_SUFFIX = ".rebuild"
 """Scratch files are ``.<name>.<random>.rebuild`` beside the projection, removed afterwards."""
 
 
+_JOURNALS = ("-wal", "-shm", "-journal")
+
+
 @contextlib.contextmanager
 def scratch(path: str) -> Iterator[str]:
-    """The path of a new, empty scratch file beside ``path``; it and its journals are removed on exit."""
+    """The path of a new, empty scratch file beside ``path``; it and its journals are removed on exit.
+
+    The scratch file is locked (``flock``) while in use, so that the scratch files of rebuilds
+    cut short (a process killed during one) are told from those in use, and removed here.
+    """
     folder, name = os.path.split(os.path.abspath(path))
+    remove_stale(folder, name)
     fd, where = tempfile.mkstemp(prefix=f".{name}.", suffix=SCRATCH_SUFFIX, dir=folder)
-    os.close(fd)
     try:
+        fcntl.flock(fd, fcntl.LOCK_EX)  # while the file is empty: remove_stale leaves empty ones alone
         yield where
     finally:
-        for suffix in ("", "-wal", "-shm", "-journal"):
+        for suffix in ("", *_JOURNALS):
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(where + suffix)
+        os.close(fd)
+
+
+def remove_stale(folder: str, name: str) -> None:
+    """Remove the scratch files (and their journals) of rebuilds of projection ``name`` that were
+    cut short: those nobody holds locked.  Each is a whole projection's size; left in place, they
+    would fill the disk one interrupted rebuild at a time.  Symbolic links are not followed."""
+    prefix = f".{name}."
+    try:
+        entries = [entry.name for entry in os.scandir(folder)]
+    except OSError:
+        return
+    for entry in entries:
+        if not (entry.startswith(prefix) and entry.endswith(SCRATCH_SUFFIX)):
+            continue
+        where = os.path.join(folder, entry)
+        try:
+            fd = os.open(where, os.O_RDONLY | os.O_NOFOLLOW | getattr(os, "O_CLOEXEC", 0))
+        except OSError:
+            continue  # gone, or a link: not a scratch file this code made
+        try:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except OSError:
+                continue  # a rebuild in use
+            if os.fstat(fd).st_size == 0:
+                continue  # just created; its rebuild is about to lock it
+            for suffix in ("", *_JOURNALS):
+                with contextlib.suppress(OSError):
+                    os.unlink(where + suffix)
+        finally:
+            os.close(fd)
 
 
 def copy_over(source: sqlite3.Connection, target: sqlite3.Connection) -> None:
