@@ -16,6 +16,7 @@ from crashkit import Child, run_python
 from factories import assistant, user
 
 from eventlog import EventLog, ReadOnlyError, StorageFullError
+from eventlog.errors import UnsafeDirectoryError
 
 SECRET = "sk-live-5d2c8e0b17a9f4"
 
@@ -208,3 +209,25 @@ def test_a_process_killed_during_the_projection_rebuild_leaves_nothing_that_stay
         assert projection.messages("chat") == reference.messages("chat")
         reference.close()
     projection.close()
+
+
+def test_a_spill_directory_that_cannot_be_scrubbed_still_leaves_the_log_and_projection_erased(tmp_path: Path) -> None:
+    from projections import SQLiteProjection
+
+    path = tmp_path / "log"
+    spills = tmp_path / "spills"
+    spills.mkdir()
+    spills.chmod(0o777)  # others can write it: refused as a spill directory
+    projection = SQLiteProjection(tmp_path / "t.sqlite")
+    with EventLog.open(path, projections=[projection]) as log:
+        log.flush("chat", transcript(5, 100))
+        assert log.sync_projections()
+        with pytest.raises(UnsafeDirectoryError, match="the redaction is recorded") as caught:
+            log.redact("chat", 1, reason="leak", spill_dir=spills)
+        assert "eventlog recover" in str(caught.value)
+        report = log.verify()
+        assert report.ok and not report.vacuum_pending
+        assert log.messages("chat")[1]["content"] == "[redacted]"
+    projection.close()
+    # The compacting copy and the projection's rebuild ran all the same.
+    assert files_holding(tmp_path, SECRET.encode()) == []
