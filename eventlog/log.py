@@ -724,11 +724,12 @@ class EventLog:
         or an empty ``reason``, :class:`RedactedError` for a message redacted already,
         :class:`LogInUseError` (nothing written) while another process has the log open, and
         :class:`EventLogError` when an attached projection fails to catch up afterwards (the
-        redaction itself is done).  When the compacting copy fails after the redaction is
-        committed (a full disk: :class:`StorageFullError`; a process that opened the log
-        meanwhile: :class:`LogInUseError`; a directory it may not write: :class:`ReadOnlyError`),
-        the data file stays as it was, attached projections are still brought up to date, and
-        the error says that the redaction is recorded and :meth:`vacuum` is left to run.
+        redaction itself is done).  When scrubbing the spill files or the compacting copy fails
+        after the redaction is committed (a full disk: :class:`StorageFullError`; a process
+        that opened the log meanwhile: :class:`LogInUseError`; a directory it may not write:
+        :class:`ReadOnlyError`; a spill directory others can write: ``UnsafeDirectoryError``),
+        the rest still runs (the copy, attached projections brought up to date), and the
+        error says that the redaction is recorded and what is left to do (:meth:`vacuum`).
         """
         check_session_id(session_id)
         if not isinstance(reason, str):
