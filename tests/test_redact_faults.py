@@ -231,3 +231,25 @@ def test_a_spill_directory_that_cannot_be_scrubbed_still_leaves_the_log_and_proj
     projection.close()
     # The compacting copy and the projection's rebuild ran all the same.
     assert files_holding(tmp_path, SECRET.encode()) == []
+
+
+def test_the_cli_erases_the_default_projection_when_a_step_after_the_redaction_fails(tmp_path: Path) -> None:
+    from click.testing import CliRunner
+
+    from eventlog.cli import cli
+
+    path = tmp_path / "log"
+    spills = tmp_path / "spills"
+    spills.mkdir()
+    spills.chmod(0o777)
+    with EventLog.open(path) as log:
+        log.flush("chat", transcript(5, 100))
+    runner = CliRunner()
+    assert runner.invoke(cli, ["--log", str(path), "project"]).exit_code == 0
+    assert files_holding(tmp_path, SECRET.encode())
+    done = runner.invoke(
+        cli, ["--log", str(path), "redact", "chat", "1", "--reason", "leak", "--spill-dir", str(spills)]
+    )
+    assert done.exit_code != 0
+    assert "the redaction is recorded" in done.output, done.output
+    assert files_holding(tmp_path, SECRET.encode()) == []  # the log and log.sqlite
