@@ -236,6 +236,7 @@ class HermesProjection:
         self._wait: Callable[[float | None], bool] | None = None
         self._erase_pending = False  # the WAL of a replaced file is still to be truncated
         hermes_state = _hermes_state()
+        wal_left = replace.wal_left(self.path)
         try:
             existed = Path(self.path).exists() and Path(self.path).stat().st_size > 0
             if existed:
@@ -259,6 +260,8 @@ class HermesProjection:
                 self._session_columns = {
                     row[1]: (row[3], row[4]) for row in self._db.execute("PRAGMA table_info(sessions)")
                 }
+                if wal_left:  # what a stopped replacement may have left in the file: checkpoint it (once)
+                    replace.truncate_wal(self._db, wait=0, busy_timeout=BUSY_TIMEOUT)
         except BaseException:
             self._db.close()
             raise

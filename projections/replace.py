@@ -100,3 +100,16 @@ def truncate_wal(db: sqlite3.Connection, *, wait: float, busy_timeout: float) ->
     finally:
         db.execute(f"PRAGMA busy_timeout = {int(busy_timeout * 1000)}")
     return not busy
+
+
+def wal_left(path: str) -> bool:
+    """Whether the database at ``path`` has a WAL with frames in it (before it is opened).
+
+    A process stopped after replacing a projection's content and before truncating its WAL
+    leaves the new pages in the WAL and the replaced ones, erased content and all, in the
+    file until a checkpoint: the next open checkpoints it (:func:`truncate_wal`).
+    """
+    try:
+        return os.path.getsize(path + "-wal") > 0
+    except OSError:
+        return False

@@ -90,6 +90,7 @@ class SQLiteProjection:
         self._lock = threading.RLock()
         self._wait: Callable[[float | None], bool] | None = None
         self._wal_pending = False  # a rebuild could not return to WAL mode yet
+        wal_left = replace.wal_left(self.path)
         try:
             self._db = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False, timeout=BUSY_TIMEOUT)
         except sqlite3.Error as e:
@@ -110,6 +111,9 @@ class SQLiteProjection:
                         raise
                 time.sleep(pause)
                 pause = min(2 * pause, 0.1)
+            if wal_left:  # what a stopped replacement may have left in the file: checkpoint it (once)
+                with self._translate():
+                    replace.truncate_wal(self._db, wait=0, busy_timeout=BUSY_TIMEOUT)
         except BaseException:
             self._db.close()
             raise

@@ -253,3 +253,95 @@ def test_the_cli_erases_the_default_projection_when_a_step_after_the_redaction_f
     assert done.exit_code != 0
     assert "the redaction is recorded" in done.output, done.output
     assert files_holding(tmp_path, SECRET.encode()) == []  # the log and log.sqlite
+
+
+def test_a_planted_link_named_like_a_scratch_copy_is_removed_never_followed(tmp_path: Path) -> None:
+    path = tmp_path / "log"
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    (outside / "keep").write_text("not the log's")
+    with EventLog.open(path) as log:
+        log.flush("chat", transcript(5, 100))
+        (path / ".compact-planted").symlink_to(outside, target_is_directory=True)
+        (path / ".compact-file").symlink_to(outside / "keep")
+        log.redact("chat", 1, reason="leak")
+        assert (outside / "keep").read_text() == "not the log's"
+        assert [name for name in os.listdir(path) if name.startswith(".compact-")] == []
+        assert files_holding(path, SECRET.encode()) == []
+        assert log.verify().ok
+
+
+def test_a_full_disk_during_the_redaction_transaction_writes_nothing(tmpfs: Path) -> None:
+    path = tmpfs / "log"
+    with EventLog.open(path) as log:
+        messages = transcript()
+        log.flush("chat", messages)
+        last = log.last_seq
+        filler = _leave_free(tmpfs, 1_500_000)  # less than the rewritten pages need
+        with pytest.raises(StorageFullError):
+            log.redact("chat", 1, reason="leak")
+        assert log.last_seq == last
+        assert log.messages("chat") == messages
+        report = log.verify()
+        assert report.ok and not report.redactions and not report.vacuum_pending
+        filler.unlink()
+        log.redact("chat", 1, reason="leak")
+        assert files_holding(path, SECRET.encode()) == []
+        assert log.verify().ok
+    with EventLog.open(path) as log:
+        assert log.messages("chat")[2:] == messages[2:]
+
+
+def test_a_redaction_killed_at_any_moment_happens_entirely_or_not_at_all(tmp_path: Path) -> None:
+    import random
+    import shutil
+    import time
+
+    from projections import SQLiteProjection
+
+    template = tmp_path / "template"
+    messages = transcript(200)
+    projection = SQLiteProjection(template / "t.sqlite") if template.mkdir() is None else None
+    assert projection is not None
+    with EventLog.open(template / "log", projections=[projection]) as log:
+        log.flush("chat", messages)
+        assert log.sync_projections()
+    projection.close()
+    outcomes = set()
+    for trial in range(12):
+        where = tmp_path / f"t{trial}"
+        shutil.copytree(template, where)
+        with Child(
+            "import sys\nfrom eventlog import EventLog\nfrom projections import SQLiteProjection\n"
+            "log = EventLog.open(sys.argv[1], projections=[SQLiteProjection(sys.argv[2])]); print('ready', flush=True)\n"
+            "log.redact('chat', 1, reason='leak')\nprint('done', flush=True)",
+            str(where / "log"),
+            str(where / "t.sqlite"),
+        ) as child:
+            child.wait_ready()
+            time.sleep(random.uniform(0, 0.3))
+            child.kill()
+        projection = SQLiteProjection(where / "t.sqlite")
+        with EventLog.open(where / "log") as log:
+            report = log.verify()
+            assert report.ok, report
+            stored = log.messages("chat")
+            assert stored[0] == messages[0] and stored[2:] == messages[2:]
+            redacted = stored[1]["content"] == "[redacted]"
+            assert redacted or stored[1] == messages[1]
+            assert len(report.redactions) == int(redacted)
+            outcomes.add(redacted)
+            projection.catch_up(log)
+            reference = SQLiteProjection(where / "reference.sqlite")
+            reference.catch_up(log)
+            rows = projection.messages("chat")
+            assert rows == reference.messages("chat")
+            assert [row["content"] for row in rows] == [m["content"] for m in stored]
+            reference.close()
+            if redacted:
+                log.vacuum()
+                # The projection is still open: its file must not hold the content either.
+                assert files_holding(where, SECRET.encode()) == []
+            log.redact("chat", 3, reason="another")  # what a kill left does not stand in the way
+            assert log.verify().ok
+        projection.close()
