@@ -13,6 +13,7 @@ import click
 
 from . import cli as base
 from . import signing, verifier
+from .errors import EventLogError
 from .files import write_atomic
 from .log import EventLog
 from .redact import Redaction
@@ -243,15 +244,25 @@ def redact(
     target = db or base._default_db(base._settings().log_path)
     with base._open_log(write=True) as log:
         base._require_session(log, session)
-        done = log.redact(session, position, reason=reason, by=by, seq=seq, spill_dir=spill_dir)
-        projected = None
-        if db is not None or os.path.isfile(target):
+
+        def catch_up() -> str | None:
+            if db is None and not os.path.isfile(target):
+                return None
             projection = base._projection(target)
             try:
                 projection.catch_up(log)
             finally:
                 projection.close()
-            projected = projection.where if base._is_postgres(target) else target
+            return projection.where if base._is_postgres(target) else target
+
+        before = log.last_seq
+        try:
+            done = log.redact(session, position, reason=reason, by=by, seq=seq, spill_dir=spill_dir)
+        except EventLogError:
+            if log.last_seq != before:  # recorded, then something after it failed: erase the projection all the same
+                catch_up()
+            raise
+        projected = catch_up()
     if as_json:
         base._print_json({"redactions": [_redaction_json(r) for r in done], "projection": projected})
         return

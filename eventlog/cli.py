@@ -798,6 +798,7 @@ def verify(expect: list[LogHead], checkpoint_files: tuple[str, ...], key_files: 
                     }
                     for r in report.redactions
                 ],
+                "vacuum_pending": report.vacuum_pending,
                 "damaged_pages": [
                     {"page": d.pgno, "table": d.table, "seqs": d.seqs, "what": d.what} for d in report.damaged_pages
                 ],

@@ -9,7 +9,8 @@ is in docs/design.md; the formats are:
 ``index``     :func:`chain_key` -> ``LINK``; :func:`state_key` -> ``STATE``;
               :func:`note_key` -> node digest (32 bytes) + encoded display override.
 ``meta``      ``b"format"`` -> :data:`FORMAT`, ``b"log_id"`` -> 16 bytes,
-              ``b"next_sid"`` -> ``SEQ``.
+              ``b"next_sid"`` -> ``SEQ``, ``b"unvacuumed"`` -> ``SEQ`` (a redaction not
+              compacted away yet, :data:`eventlog.store.UNVACUUMED`).
 ``tree``      the Merkle tree's complete nodes (:mod:`eventlog.tree`).
 ``checkpoints`` ``SEQ`` tree size -> a signed checkpoint note (UTF-8).
 ``redactions`` :func:`redaction_key` of a redacted body -> ``SEQ`` of its redaction event.

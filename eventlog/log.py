@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import errno
 import logging
 import os
 import threading
@@ -16,7 +17,15 @@ import lmdb
 from . import audit, codec
 from . import events as ev
 from . import redact as redaction
-from .errors import CorruptLogError, EventLogError, InvalidMessageError, LogInUseError, ReadOnlyError, StorageFullError
+from .errors import (
+    CorruptLogError,
+    EventLogError,
+    InvalidMessageError,
+    LogInUseError,
+    ReadOnlyError,
+    StorageFullError,
+    UnsafeDirectoryError,
+)
 from .keys import SessionState
 from .projector import Projection, Projector, bind
 from .redact import Redaction
@@ -715,11 +724,12 @@ class EventLog:
         or an empty ``reason``, :class:`RedactedError` for a message redacted already,
         :class:`LogInUseError` (nothing written) while another process has the log open, and
         :class:`EventLogError` when an attached projection fails to catch up afterwards (the
-        redaction itself is done).  When the compacting copy fails after the redaction is
-        committed (a full disk: :class:`StorageFullError`; a process that opened the log
-        meanwhile: :class:`LogInUseError`; a directory it may not write: :class:`ReadOnlyError`),
-        the data file stays as it was, attached projections are still brought up to date, and
-        the error says that the redaction is recorded and :meth:`vacuum` is left to run.
+        redaction itself is done).  When scrubbing the spill files or the compacting copy fails
+        after the redaction is committed (a full disk: :class:`StorageFullError`; a process
+        that opened the log meanwhile: :class:`LogInUseError`; a directory it may not write:
+        :class:`ReadOnlyError`; a spill directory others can write: ``UnsafeDirectoryError``),
+        the rest still runs (the copy, attached projections brought up to date), and the
+        error says that the redaction is recorded and what is left to do (:meth:`vacuum`).
         """
         check_session_id(session_id)
         if not isinstance(reason, str):
@@ -749,29 +759,38 @@ class EventLog:
         finally:
             with self._turns_guard:
                 turn.users -= 1
+        # The redaction is committed: whatever fails from here on, the rest still runs (the
+        # spill files, the compacting copy, the projections), and the caller is told what is
+        # left to do.
+        left: list[tuple[Exception, str]] = []
         if spill_dir is not None:
             from .spill import scrub
 
-            scrub(spill_dir, erased.digest)
-        failed: EventLogError | None = None
+            try:
+                scrub(spill_dir, erased.digest)
+            except (EventLogError, OSError) as e:
+                where = os.fspath(spill_dir)
+                left.append(
+                    (
+                        e,
+                        f"the spill files in {where} may still hold it: fold them in with `eventlog recover`, or delete them",
+                    )
+                )
         try:
             store.vacuum()
         except EventLogError as e:
-            # The redaction is committed: the projections are erased all the same, and the
-            # caller is told what is left to do (the old file's free pages still hold the bytes).
-            failed = e
+            left.append((e, "the erased bytes stay in free pages of the data file until `eventlog vacuum` runs"))
         self._after_write()
         synced = self.sync_projections()
-        if failed is not None:
-            kind = next(
-                (c for c in (LogInUseError, StorageFullError, ReadOnlyError, CorruptLogError) if isinstance(failed, c)),
-                EventLogError,
-            )
+        if left:
+            first = left[0][0]
+            kinds = (LogInUseError, StorageFullError, ReadOnlyError, UnsafeDirectoryError, CorruptLogError)
+            kind: type[EventLogError] = next((c for c in kinds if isinstance(first, c)), EventLogError)
+            if isinstance(first, OSError) and first.errno in (errno.ENOSPC, errno.EDQUOT):
+                kind = StorageFullError
+            what = "; ".join(f"{e} ({then})" for e, then in left)
             projections = "" if synced else "; an attached projection also failed to catch up (logged)"
-            raise kind(
-                f"{failed}; the redaction is recorded, but the erased bytes stay in free pages of the data file "
-                f"until `eventlog vacuum` (EventLog.vacuum) runs{projections}"
-            ) from failed
+            raise kind(f"the redaction is recorded, but: {what}{projections}") from first
         if not synced:
             raise EventLogError(
                 f"{store.path}: the redaction is recorded and erased from the log, but an attached projection "

@@ -45,7 +45,7 @@ from . import events as ev
 from .codec import ZERO
 from .errors import CorruptLogError, RedactedError, UnknownSessionError
 from .keys import HEADER, LINK, SEQ, STATE, SessionState, chain_key, event_hash, note_key, redaction_key, state_key
-from .store import Batch, Store
+from .store import UNVACUUMED, Batch, Store
 from .tree import commitments, override_digest
 from .verifier import SALT_SIZE, message_commitment
 
@@ -259,6 +259,8 @@ def redact(
         batch.save(session, state)
         txn.put(redaction_key(where_seq, where_index), SEQ.pack(redaction_seq), db=store.redactions)
         out.append(Redaction(session, at, where_seq, where_index, reason, by, redaction_seq, batch.now))
+    # Until a compacting copy is swapped in, the old pages hold the content (see Store.vacuum).
+    txn.put(UNVACUUMED, SEQ.pack(out[-1].seq), db=store.meta)
     return Erased(out, digest, stand_digest)
 
 

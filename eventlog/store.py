@@ -193,6 +193,12 @@ def _remove_stale_copies(path: str) -> None:
                 pass
 
 
+UNVACUUMED: Final = b"unvacuumed"
+"""The ``meta`` key a redaction sets (to the seq of its last event) and a compacting copy clears:
+while it is there, the data file's free pages may still hold erased content (the process that
+redacted was stopped, or its copy refused, before the copy was swapped in)."""
+
+
 OPEN_LOCK = "eventlog.open"
 """A file beside the LMDB files that every process with the log open holds a shared ``flock`` on
 (from before its environment opens until it closes): a compacting copy (:meth:`Store.vacuum`)
@@ -474,6 +480,22 @@ class Store:
                 self.env.set_mapsize(0)  # another process grew the map: adopt its size
 
     def vacuum(self) -> int:
+        """Replace the data file with a compacting copy of itself; return the bytes it had before.
+
+        Then clears :data:`UNVACUUMED` (in the new file: a stop between the swap and that
+        commit leaves it set, and the next vacuum clears it).  See :meth:`_vacuum`.
+        """
+        before = self._vacuum()
+        if self.vacuum_pending():
+            self.write(lambda txn: txn.delete(UNVACUUMED, db=self.meta))
+        return before
+
+    def vacuum_pending(self) -> bool:
+        """Whether a redaction was committed and no compacting copy swapped in since (:data:`UNVACUUMED`)."""
+        with self.read() as txn:
+            return txn.get(UNVACUUMED, db=self.meta) is not None
+
+    def _vacuum(self) -> int:
         """Replace the data file with a compacting copy of itself; return the bytes it had before.
 
         The copy holds the pages in use and nothing else, so the bytes of pages LMDB had freed

@@ -38,7 +38,7 @@ from .keys import HEADER, LINK, SEQ, STATE, SessionState, event_hash, redaction_
 from .merkle import Frontier, leaf_hash
 from .pages import DamagedPage, check_pages
 from .redact import Redaction, placeholder
-from .store import Store
+from .store import UNVACUUMED, Store
 from .tree import leaf_input, node_key
 from .verifier import SALT_SIZE, Verifier
 
@@ -94,6 +94,10 @@ class VerifyReport:
     problems: list[Problem] = field(default_factory=list)
     redactions: list[Redaction] = field(default_factory=list)
     """The messages whose content was erased on purpose (who, why, when): not damage."""
+    vacuum_pending: bool = False
+    """A redaction was committed but no compacting copy swapped in since (the process was stopped,
+    or the copy refused): the data file's free pages may still hold the erased content until
+    ``eventlog vacuum`` runs.  Not damage."""
     damaged_pages: list[DamagedPage] = field(default_factory=list)
     """Pages of the data file that are not what their B-tree needs (see :mod:`eventlog.pages`);
     when there are any, nothing was read through LMDB and ``problems`` lists only them."""
@@ -109,6 +113,8 @@ class VerifyReport:
     def __str__(self) -> str:
         if self.ok:
             redacted = f", {len(self.redactions)} redacted" if self.redactions else ""
+            if self.vacuum_pending:
+                redacted += " (erased content may remain in free pages of the data file: run `eventlog vacuum`)"
             return (
                 f"ok: {self.events} events, {self.sessions} sessions, {self.messages} message bodies verified{redacted}"
             )
@@ -141,6 +147,7 @@ def verify(
                 report.problems.extend(Problem(0, str(page)) for page in pages.damaged)
                 return report
             _verify_snapshot(store, txn, report, progress, limit, expect)
+            report.vacuum_pending = txn.get(UNVACUUMED, db=store.meta) is not None
             found = check_checkpoints(store, txn, checkpoints, list(keys))
             report.problems.extend(Problem(0, what) for what in found)
     except CorruptLogError as e:

@@ -16,6 +16,7 @@ from crashkit import Child, run_python
 from factories import assistant, user
 
 from eventlog import EventLog, ReadOnlyError, StorageFullError
+from eventlog.errors import UnsafeDirectoryError
 
 SECRET = "sk-live-5d2c8e0b17a9f4"
 
@@ -124,9 +125,11 @@ def test_a_directory_that_refuses_the_copy_is_a_clear_error_and_other_processes_
             assert done.stdout.strip() == "[redacted]"
         finally:
             _chattr(path, "-i")
+        assert log.verify().vacuum_pending
         log.vacuum()
         assert files_holding(path, SECRET.encode()) == []
-        assert log.verify().ok
+        report = log.verify()
+        assert report.ok and not report.vacuum_pending
 
 
 def test_a_process_killed_during_the_compacting_copy_leaves_nothing_that_breaks_the_log(tmp_path: Path) -> None:
@@ -148,15 +151,22 @@ def test_a_process_killed_during_the_compacting_copy_leaves_nothing_that_breaks_
     if not left:
         pytest.skip("the copy was finished before the kill")  # not seen on this machine
     with EventLog.open(path) as log:
-        assert log.verify().ok
+        report = log.verify()
+        assert report.ok
+        # The old pages still hold the content, and verify says so until a vacuum.
+        assert report.vacuum_pending and "run `eventlog vacuum`" in str(report)
+        assert files_holding(path, SECRET.encode()) == ["data.mdb"]
         stored = log.messages("chat")
         assert stored[0] == messages[0] and stored[2:] == messages[2:]
         assert stored[1]["content"] == "[redacted]"  # committed before the copy began
         log.vacuum()
         assert [name for name in os.listdir(path) if name.startswith(".compact-")] == []
         assert files_holding(path, SECRET.encode()) == []
+        report = log.verify()
+        assert report.ok and not report.vacuum_pending and "vacuum" not in str(report)
         log.redact("chat", 3, reason="another")
-        assert log.verify().ok
+        report = log.verify()
+        assert report.ok and not report.vacuum_pending
 
 
 def test_a_process_killed_during_the_projection_rebuild_leaves_nothing_that_stays(tmp_path: Path) -> None:
@@ -199,3 +209,47 @@ def test_a_process_killed_during_the_projection_rebuild_leaves_nothing_that_stay
         assert projection.messages("chat") == reference.messages("chat")
         reference.close()
     projection.close()
+
+
+def test_a_spill_directory_that_cannot_be_scrubbed_still_leaves_the_log_and_projection_erased(tmp_path: Path) -> None:
+    from projections import SQLiteProjection
+
+    path = tmp_path / "log"
+    spills = tmp_path / "spills"
+    spills.mkdir()
+    spills.chmod(0o777)  # others can write it: refused as a spill directory
+    projection = SQLiteProjection(tmp_path / "t.sqlite")
+    with EventLog.open(path, projections=[projection]) as log:
+        log.flush("chat", transcript(5, 100))
+        assert log.sync_projections()
+        with pytest.raises(UnsafeDirectoryError, match="the redaction is recorded") as caught:
+            log.redact("chat", 1, reason="leak", spill_dir=spills)
+        assert "eventlog recover" in str(caught.value)
+        report = log.verify()
+        assert report.ok and not report.vacuum_pending
+        assert log.messages("chat")[1]["content"] == "[redacted]"
+    projection.close()
+    # The compacting copy and the projection's rebuild ran all the same.
+    assert files_holding(tmp_path, SECRET.encode()) == []
+
+
+def test_the_cli_erases_the_default_projection_when_a_step_after_the_redaction_fails(tmp_path: Path) -> None:
+    from click.testing import CliRunner
+
+    from eventlog.cli import cli
+
+    path = tmp_path / "log"
+    spills = tmp_path / "spills"
+    spills.mkdir()
+    spills.chmod(0o777)
+    with EventLog.open(path) as log:
+        log.flush("chat", transcript(5, 100))
+    runner = CliRunner()
+    assert runner.invoke(cli, ["--log", str(path), "project"]).exit_code == 0
+    assert files_holding(tmp_path, SECRET.encode())
+    done = runner.invoke(
+        cli, ["--log", str(path), "redact", "chat", "1", "--reason", "leak", "--spill-dir", str(spills)]
+    )
+    assert done.exit_code != 0
+    assert "the redaction is recorded" in done.output, done.output
+    assert files_holding(tmp_path, SECRET.encode()) == []  # the log and log.sqlite
