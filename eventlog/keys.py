@@ -19,9 +19,13 @@ is in docs/design.md; the formats are:
 from __future__ import annotations
 
 import struct
+from collections.abc import Iterator
 from dataclasses import dataclass
 from hashlib import sha256
-from typing import Final
+from typing import TYPE_CHECKING, Final, cast
+
+if TYPE_CHECKING:
+    import lmdb
 
 from . import events as ev
 
@@ -106,3 +110,17 @@ class Record:
     @property
     def session(self) -> str:
         return self.event.session
+
+
+def pairs(cursor: lmdb.Cursor) -> Iterator[tuple[bytes, bytes]]:
+    """A cursor's ``(key, value)`` pairs from where it stands, as ``bytes``.
+
+    The log never opens a transaction with ``buffers=True``, so LMDB hands out ``bytes``;
+    lmdb's type stubs say ``bytes | memoryview`` for either.
+    """
+    return cast("Iterator[tuple[bytes, bytes]]", iter(cursor))
+
+
+def got(value: object) -> bytes | None:
+    """A ``Transaction.get`` result as the log reads it (``bytes``, see :func:`pairs`)."""
+    return cast("bytes | None", value)

@@ -44,7 +44,19 @@ from . import codec
 from . import events as ev
 from .codec import ZERO
 from .errors import CorruptLogError, RedactedError, UnknownSessionError
-from .keys import HEADER, LINK, SEQ, STATE, SessionState, chain_key, event_hash, note_key, redaction_key, state_key
+from .keys import (
+    HEADER,
+    LINK,
+    SEQ,
+    STATE,
+    SessionState,
+    chain_key,
+    event_hash,
+    note_key,
+    pairs,
+    redaction_key,
+    state_key,
+)
 from .store import UNVACUUMED, Batch, Store
 from .tree import commitments, override_digest
 from .verifier import SALT_SIZE, message_commitment
@@ -457,7 +469,7 @@ def _reindex(
     cursor = txn.cursor(db=index)
     notes: list[tuple[bytes, bytes | None]] = []
     if cursor.set_range(note_key(number, 0)):
-        for key, value in cursor:
+        for key, value in pairs(cursor):
             if key[:9] != note_key(number, 0)[:9]:
                 break
             position = SEQ.unpack(key[9:])[0]

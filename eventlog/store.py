@@ -66,7 +66,9 @@ from .keys import (
     SessionState,
     chain_key,
     event_hash,
+    got,
     note_key,
+    pairs,
     state_key,
 )
 from .space import MIB, RESERVE_FROM, ZeroedSpace, grown_size, reserved_size
@@ -630,7 +632,7 @@ class Store:
 
     def _init_meta(self) -> bytes:
         def init(txn: lmdb.Transaction) -> bytes:
-            fmt = txn.get(b"format", db=self.meta)
+            fmt = got(txn.get(b"format", db=self.meta))
             if fmt is None:
                 txn.put(b"format", FORMAT, db=self.meta)
                 txn.put(b"log_id", os.urandom(16), db=self.meta)
@@ -852,7 +854,7 @@ class Store:
         unpack = LINK.unpack
         last = chain_key(number, stop - 1)
         try:
-            for key, value in cursor:
+            for key, value in pairs(cursor):
                 out.append(unpack(value))
                 if key >= last:
                     break
@@ -882,7 +884,7 @@ class Store:
         return found
 
     def raw_event(self, txn: lmdb.Transaction, seq: int) -> bytes | None:
-        return txn.get(SEQ.pack(seq), db=self.events)
+        return got(txn.get(SEQ.pack(seq), db=self.events))
 
     def load(self, seq: int, raw: bytes) -> Record:
         """Decode a stored event (the payload is decoded here, at the boundary)."""
@@ -1011,7 +1013,7 @@ def iter_events(store: Store, after: int = 0, batch: int = 1024) -> Iterator[Rec
             cursor = txn.cursor(db=store.events)
             if not cursor.set_range(SEQ.pack(nxt)):
                 return
-            for key, value in cursor:
+            for key, value in pairs(cursor):
                 chunk.append((store.seq_of(key), value))
                 if len(chunk) > batch:  # one more than is yielded: its envelope vouches for the last
                     break

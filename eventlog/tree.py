@@ -133,7 +133,7 @@ def payload_commitment(event: ev.AnyEvent | AppendedLeaf) -> bytes:
     return sha256(b"E" + _ENCODE.encode(sealed)).digest()
 
 
-def leaf_input(seq: int, raw: bytes | memoryview, event: ev.AnyEvent | None = None) -> bytes:
+def leaf_input(seq: int, raw: bytes | bytearray | memoryview, event: ev.AnyEvent | None = None) -> bytes:
     """The leaf input of stored event ``seq`` (``raw``: envelope and payload)."""
     if len(raw) < HEADER.size:
         raise CorruptLogError(f"event {seq} is shorter than its envelope")

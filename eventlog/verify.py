@@ -34,7 +34,7 @@ from . import events as ev
 from .audit import check_checkpoints
 from .codec import ZERO
 from .errors import CorruptLogError, EventLogError
-from .keys import HEADER, LINK, SEQ, STATE, SessionState, event_hash, redaction_key
+from .keys import HEADER, LINK, SEQ, STATE, SessionState, event_hash, pairs, redaction_key
 from .merkle import Frontier, leaf_hash
 from .pages import DamagedPage, check_pages
 from .redact import Redaction, placeholder
@@ -201,7 +201,7 @@ def _verify_snapshot(
     tree = _TreeCheck(store, txn)
     sealed = _Sealed(report)
     cursor = txn.cursor(db=store.events)
-    for key, raw in cursor:
+    for key, raw in pairs(cursor):
         if len(problems) >= limit:
             break
         if len(key) != SEQ.size:

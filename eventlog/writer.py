@@ -24,7 +24,7 @@ from . import codec
 from . import events as ev
 from .codec import ZERO, node_digest
 from .errors import ConflictError, CorruptLogError, HistoryMismatchError, UnknownSessionError
-from .keys import LINK, SEQ, SessionState, chain_key, note_key, redaction_key
+from .keys import LINK, SEQ, SessionState, chain_key, note_key, pairs, redaction_key
 from .redact import sealed_stand_in
 from .snapshot import Prepared, bodies_from
 from .store import Batch, Store
@@ -339,7 +339,7 @@ class Writer:
         if not cursor.set_range(note_key(number, start)):
             return found
         last = note_key(number, stop)
-        for key, value in cursor:
+        for key, value in pairs(cursor):
             if key >= last:
                 break
             try:
