@@ -27,7 +27,7 @@ except ImportError as e:  # pragma: no cover - the extra is not installed
 
 from . import core, postgres_schema
 from .core import ROW_COLUMNS, SESSION_COLUMNS, Applier, Checkpoint, Source
-from .errors import InvalidQueryError, ProjectionError, RebuildNeeded, SchemaVersionError
+from .errors import InvalidQueryError, ProjectionCorruptError, ProjectionError, RebuildNeeded, SchemaVersionError
 from .rows import DERIVED
 
 if TYPE_CHECKING:
@@ -320,6 +320,20 @@ class PostgresProjection:
     ) -> int:
         log_id = checkpoint.log_id
         assert log_id is not None
+        if checkpoint.last_hash is None and checkpoint.last_seq:
+            # No hash to chain to (cleared by hand or by a tool): every applied event records its
+            # seq on its session's row, so the newest of those must be the checkpoint, or events
+            # were skipped.
+            found = conn.execute(
+                self._q("SELECT coalesce(max(last_seq), 0) FROM {s}.sessions WHERE log_id = %s"), (log_id,)
+            ).fetchone()
+            newest = 0 if found is None else int(found[0])
+            if newest != checkpoint.last_seq:
+                raise ProjectionCorruptError(
+                    f"{self._name(log_id)}: the checkpoint says events up to {checkpoint.last_seq} were applied, "
+                    f"but the newest event the projection holds is {newest}: the checkpoint was moved without "
+                    "its rows; rebuild(log) to project the log again"
+                )
         last = core.apply_chunk(self._name(log_id), applier, checkpoint, chunk, (psycopg.Error,))
         if last is None:
             return 0

@@ -18,7 +18,7 @@ from factories import assistant, user
 
 from eventlog import EventLog
 from eventlog.cli import cli
-from projections import ProjectionError, SchemaVersionError, postgres_schema
+from projections import ProjectionCorruptError, ProjectionError, SchemaVersionError, postgres_schema
 from projections.postgres import AmbiguousSessionError, PostgresProjection
 
 
@@ -280,3 +280,38 @@ def test_a_redaction_rebuilds_one_logs_rows_while_another_host_catches_up(
         assert pg.messages("chat", log_id=one.id)[2]["redacted_seq"] == one.last_seq
         assert pg.search("80417secret") == []
         assert [m["content"] for m in pg.messages("other", log_id=two.id)] == ["tide tables", "high water at six"]
+
+
+@pytest.mark.parametrize("ahead", [1, 2])
+def test_a_checkpoint_moved_forward_without_its_hash_is_refused(
+    log: EventLog, postgres_dsn: str, pg_schema: str, pg: PostgresProjection, ahead: int
+) -> None:
+    """A checkpoint moved past events whose rows were never written, its hash cleared (by hand or
+    a tool), must not make catch-up skip those events."""
+    log.flush("s", [user("a")])
+    pg.catch_up(log)
+    log.flush("s", [user("a"), assistant("b")])
+    log.flush("t", [user("c")])
+    with psycopg.connect(postgres_dsn, autocommit=True) as conn:
+        conn.execute(
+            f'UPDATE "{pg_schema}".checkpoints SET last_seq = last_seq + %s, last_hash = NULL WHERE log_id = %s',
+            (ahead, log.id),
+        )
+    with pytest.raises(ProjectionCorruptError, match="checkpoint"):
+        pg.catch_up(log)
+    assert [r["content"] for r in pg.messages("s")] == ["a"]  # nothing applied on top of it
+    assert pg.rebuild(log) == log.last_seq
+    assert [r["content"] for r in pg.messages("s")] == ["a", "b"]
+
+
+def test_a_checkpoint_without_its_hash_at_its_rows_catches_up(
+    log: EventLog, postgres_dsn: str, pg_schema: str, pg: PostgresProjection
+) -> None:
+    """A hashless checkpoint that still names the newest event applied is caught up from there."""
+    log.flush("s", [user("a")])
+    pg.catch_up(log)
+    with psycopg.connect(postgres_dsn, autocommit=True) as conn:
+        conn.execute(f'UPDATE "{pg_schema}".checkpoints SET last_hash = NULL WHERE log_id = %s', (log.id,))
+    log.flush("s", [user("a"), assistant("b")])
+    assert pg.catch_up(log) >= 1
+    assert [r["content"] for r in pg.messages("s")] == ["a", "b"]
