@@ -113,7 +113,7 @@ class DemoReport:
             f"   {self.distinct} distinct messages entered the list; {self.appended} were written, each exactly once.",
             f"   {self.noop_flushes} flushes found nothing new and wrote nothing (no write transaction, no fsync).",
             f"   {self.scaffolding_dropped} scaffolding messages (_thinking_prefill) were never stored.",
-            f"2. A stored tool result that leaked an API key was redacted in place (position {self.edit['position']})."
+            f"2. A stored tool result that leaked an API key was edited in place to hide it (position {self.edit['position']})."
             f" The flush tombstoned {self.edit['tombstoned']}",
             f"   message(s) from there (reason 'edit') and appended {self.edit['appended']}; {self.edit['carried']} of them were"
             " carried, bodies not stored again",
@@ -302,7 +302,7 @@ def run_demo(
             log.update_session(MAIN, input_tokens=900 + number, output_tokens=120, api_calls=2, tool_calls=2)
         report.stored_live = len(log.messages(MAIN))
 
-        say("redacting a leaked key in a stored tool result (in-place edit)")
+        say("hiding a leaked key in a stored tool result (in-place edit)")
         position = next(i for i, m in enumerate(agent.messages) if SECRET in str(m.get("content")))
         agent.messages[position]["content"] = agent.messages[position]["content"].replace(SECRET, "[REDACTED]")
         before_seq = log.last_seq
