@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import os
 import sys
+from dataclasses import asdict
 
 import click
 
@@ -16,7 +17,6 @@ from . import signing, verifier
 from .errors import EventLogError
 from .files import write_atomic
 from .log import EventLog
-from .redact import Redaction
 from .verifier import Verifier
 
 
@@ -264,25 +264,12 @@ def redact(
             raise
         projected = catch_up()
     if as_json:
-        base._print_json({"redactions": [_redaction_json(r) for r in done], "projection": projected})
+        base._print_json({"redactions": [asdict(r) for r in done], "projection": projected})
         return
     for r in done:
         click.echo(f"redacted: {r}")
     if projected is not None:
         click.echo(f"projection {projected}: brought up to date without the content")
-
-
-def _redaction_json(r: Redaction) -> dict[str, object]:
-    return {
-        "session": r.session,
-        "position": r.position,
-        "body_seq": r.body_seq,
-        "body_index": r.body_index,
-        "reason": r.reason,
-        "by": r.by,
-        "seq": r.seq,
-        "time_ns": r.time_ns,
-    }
 
 
 @base.cli.command()

@@ -785,19 +785,7 @@ def verify(expect: list[LogHead], checkpoint_files: tuple[str, ...], key_files: 
                 "sessions": report.sessions,
                 "messages": report.messages,
                 "problems": [{"seq": p.seq, "what": p.what} for p in report.problems],
-                "redactions": [
-                    {
-                        "session": r.session,
-                        "position": r.position,
-                        "body_seq": r.body_seq,
-                        "body_index": r.body_index,
-                        "reason": r.reason,
-                        "by": r.by,
-                        "seq": r.seq,
-                        "time_ns": r.time_ns,
-                    }
-                    for r in report.redactions
-                ],
+                "redactions": [asdict(r) for r in report.redactions],
                 "vacuum_pending": report.vacuum_pending,
                 "damaged_pages": [
                     {"page": d.pgno, "table": d.table, "seqs": d.seqs, "what": d.what} for d in report.damaged_pages

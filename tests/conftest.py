@@ -1,13 +1,15 @@
 from __future__ import annotations
 
 import os
+import subprocess
 import sys
-from collections.abc import Iterator
+import uuid
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
 
-from eventlog import EventLog
+from eventlog import EventLog, codec
 
 ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:  # the benchmarks package, for the tests of benchmarks (pytest adds tests/ only)
@@ -16,6 +18,47 @@ if str(ROOT) not in sys.path:  # the benchmarks package, for the tests of benchm
 IN_CI = os.environ.get("CI", "").lower() in {"1", "true", "yes"}
 """Under CI every test must run: a skipped test (a framework not installed, a server that did
 not start) fails the run instead of passing it quietly."""
+
+
+@pytest.fixture(params=["C walk", "pure-Python passes"])
+def batch_check(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
+    """Runs a test with each implementation of the batch check of message values."""
+    if request.param == "C walk":
+        if codec._plain is None:
+            pytest.skip("eventlog._plain was not built (no C compiler)")
+    else:
+        monkeypatch.setattr(codec, "_plain", None)
+    return str(request.param)
+
+
+@pytest.fixture
+def mount_tmpfs(tmp_path: Path) -> Iterator[Callable[[str], Path]]:
+    """``mount_tmpfs(size)``: a tmpfs of ``size`` (``"3m"``) mounted for this test, unmounted after
+    it, or a skip where mounting is not permitted."""
+    mounted: list[Path] = []
+
+    def mount(size: str) -> Path:
+        mountpoint = tmp_path / f"mnt-{uuid.uuid4().hex[:8]}"
+        mountpoint.mkdir()
+        try:
+            done = subprocess.run(
+                ["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(mountpoint)],
+                capture_output=True,
+                text=True,
+                timeout=20,
+            )
+        except (OSError, subprocess.SubprocessError) as e:
+            pytest.skip(f"cannot mount a tmpfs here: {e}")
+        if done.returncode != 0:
+            pytest.skip(f"cannot mount a tmpfs here: {done.stderr.strip()}")
+        mounted.append(mountpoint)
+        return mountpoint
+
+    try:
+        yield mount
+    finally:
+        for mountpoint in mounted:
+            subprocess.run(["umount", "-l", str(mountpoint)], capture_output=True, timeout=20)
 
 
 @pytest.fixture

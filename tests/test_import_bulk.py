@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner, Result
 
-from eventlog import EventLog, codec
+from eventlog import EventLog
 from eventlog.cli import cli
 from eventlog.interchange import ImportFormatError, read_jsonl
 
@@ -41,16 +41,6 @@ def messages(count: int) -> list[dict]:
 def write(path: Path, lines: list[str]) -> Path:
     path.write_text("\n".join(lines) + "\n", encoding="utf-8")
     return path
-
-
-@pytest.fixture(params=["C walk", "pure-Python passes"])
-def batch_check(request, monkeypatch):
-    if request.param == "C walk":
-        if codec._plain is None:
-            pytest.skip("eventlog._plain was not built (no C compiler)")
-    else:
-        monkeypatch.setattr(codec, "_plain", None)
-    return request.param
 
 
 def test_a_large_file_imports_as_its_messages_flushed(tmp_path, batch_check):

@@ -74,17 +74,6 @@ def nested(depth: int, leaf: Any, container: str = "list") -> Any:
 needs_c = pytest.mark.skipif(codec._plain is None, reason="eventlog._plain was not built (no C compiler)")
 
 
-@pytest.fixture(params=["C walk", "pure-Python passes"])
-def batch_check(request, monkeypatch):
-    """Runs a test with each implementation of the batch check."""
-    if request.param == "C walk":
-        if codec._plain is None:
-            pytest.skip("eventlog._plain was not built (no C compiler)")
-    else:
-        monkeypatch.setattr(codec, "_plain", None)
-    return request.param
-
-
 @needs_c
 @settings(max_examples=400, deadline=None)
 @given(st.lists(messages, max_size=6))

@@ -287,13 +287,8 @@ def test_a_failed_transaction_leaves_nothing_and_the_next_catch_up_applies_each_
     full.close()
 
 
-def test_concurrent_catch_ups_apply_each_event_once(target: Target, log: EventLog) -> None:
-    for i in range(30):
-        log.flush(f"s{i % 4}", [*live(log, f"s{i % 4}"), user(f"{WORDS[i % len(WORDS)]} {i}")])
-    history(log)
-    projections = [target.open("shared") for _ in range(3)]
-    for proj in projections:
-        proj.batch = 3
+def catch_up_at_once(projections: list[Any], log: EventLog) -> None:
+    """Catch every projection up with ``log`` at once, each on a thread of its own; none may fail."""
     errors: list[BaseException] = []
 
     def run(proj: Any) -> None:
@@ -308,6 +303,16 @@ def test_concurrent_catch_ups_apply_each_event_once(target: Target, log: EventLo
     for t in threads:
         t.join()
     assert not errors
+
+
+def test_concurrent_catch_ups_apply_each_event_once(target: Target, log: EventLog) -> None:
+    for i in range(30):
+        log.flush(f"s{i % 4}", [*live(log, f"s{i % 4}"), user(f"{WORDS[i % len(WORDS)]} {i}")])
+    history(log)
+    projections = [target.open("shared") for _ in range(3)]
+    for proj in projections:
+        proj.batch = 3
+    catch_up_at_once(projections, log)
     for sid in log.sessions():
         assert target.transcript(projections[0], sid, log) == log.messages(sid)
     full = target.open("full")
@@ -525,20 +530,7 @@ def test_concurrent_catch_ups_after_a_redaction_each_end_erased(target: Target, 
     redact(log)
     for proj in projections:
         proj.batch = 3
-    errors: list[BaseException] = []
-
-    def run(proj: Any) -> None:
-        try:
-            proj.catch_up(log)
-        except BaseException as e:
-            errors.append(e)
-
-    threads = [threading.Thread(target=run, args=(p,)) for p in projections]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    assert not errors
+    catch_up_at_once(projections, log)
     for proj in projections:
         assert proj.catch_up(log) == 0
     assert_erased(target, projections[0], log)

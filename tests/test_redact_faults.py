@@ -7,8 +7,7 @@ from __future__ import annotations
 
 import os
 import subprocess
-import uuid
-from collections.abc import Iterator
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -32,25 +31,9 @@ def transcript(n: int = 150, size: int = 20_000) -> list[dict[str, object]]:
 
 
 @pytest.fixture
-def tmpfs(tmp_path: Path) -> Iterator[Path]:
+def tmpfs(mount_tmpfs: Callable[[str], Path]) -> Path:
     """A 12 MiB tmpfs mounted for this test, or a skip where mounting is not permitted."""
-    mountpoint = tmp_path / f"mnt-{uuid.uuid4().hex[:8]}"
-    mountpoint.mkdir()
-    try:
-        done = subprocess.run(
-            ["mount", "-t", "tmpfs", "-o", "size=12m", "tmpfs", str(mountpoint)],
-            capture_output=True,
-            text=True,
-            timeout=20,
-        )
-    except (OSError, subprocess.SubprocessError) as e:
-        pytest.skip(f"cannot mount a tmpfs here: {e}")
-    if done.returncode != 0:
-        pytest.skip(f"cannot mount a tmpfs here: {done.stderr.strip()}")
-    try:
-        yield mountpoint
-    finally:
-        subprocess.run(["umount", "-l", str(mountpoint)], capture_output=True, timeout=20)
+    return mount_tmpfs("12m")
 
 
 def _leave_free(mountpoint: Path, free: int) -> Path:

@@ -12,8 +12,7 @@ import os
 import random
 import shutil
 import subprocess
-import uuid
-from collections.abc import Iterator
+from collections.abc import Callable
 from pathlib import Path
 
 import lmdb
@@ -71,25 +70,9 @@ def test_max_map_size_reached_is_storage_full_and_the_log_stays_intact(tmp_path:
 
 
 @pytest.fixture
-def tmpfs(tmp_path: Path) -> Iterator[Path]:
+def tmpfs(mount_tmpfs: Callable[[str], Path]) -> Path:
     """A 3 MiB tmpfs mounted for this test, or a skip where mounting is not permitted."""
-    mountpoint = tmp_path / f"mnt-{uuid.uuid4().hex[:8]}"
-    mountpoint.mkdir()
-    try:
-        done = subprocess.run(
-            ["mount", "-t", "tmpfs", "-o", "size=3m", "tmpfs", str(mountpoint)],
-            capture_output=True,
-            text=True,
-            timeout=20,
-        )
-    except (OSError, subprocess.SubprocessError) as e:
-        pytest.skip(f"cannot mount a tmpfs here: {e}")
-    if done.returncode != 0:
-        pytest.skip(f"cannot mount a tmpfs here: {done.stderr.strip()}")
-    try:
-        yield mountpoint
-    finally:
-        subprocess.run(["umount", "-l", str(mountpoint)], capture_output=True, timeout=20)
+    return mount_tmpfs("3m")
 
 
 def _remount(mountpoint: Path, mode: str) -> None:
