@@ -186,6 +186,7 @@ class EventLog:
         cache_messages: int = 200_000,
         projections: Sequence[Projection] = (),
         project_in_background: bool = True,
+        relay: bool = True,
     ) -> None:
         self._store = store
         self._writer = Writer(store)
@@ -201,7 +202,7 @@ class EventLog:
             for projection in self._projections:
                 bind(projection, self._projector.waiter(projection))
         self._relay: Relay | None = None
-        if not store.readonly and store.locked and store.sync_data:
+        if relay and not store.readonly and store.locked and store.sync_data:
             self._relay = Relay(store, self._writer, self._carried)
 
     @classmethod
@@ -219,6 +220,7 @@ class EventLog:
         project_in_background: bool = True,
         readonly: bool = False,
         allow_shared_directory: bool = False,
+        relay: bool = True,
     ) -> EventLog:
         """Open (creating when needed) the log in directory ``path``.
 
@@ -255,6 +257,11 @@ class EventLog:
           :class:`~eventlog.errors.UnsafeDirectoryError`, as is a symlink or another user's
           file in place of the log's files, since whoever can write the directory could make
           this process write through a planted link (docs/reliability.md).
+        - ``relay``: share commits with the other processes writing this log (same user,
+          same durability mode, ``full`` or ``process``): a flush that extends a transcript is
+          committed by whichever of them carries the others' flushes, together with theirs
+          (``eventlog/relay.py``; docs/design.md, "Many processes").  With ``relay=False``
+          this process neither sends its flushes nor carries others'.
 
         Raises :class:`CorruptLogError` for damaged files, :class:`ReadOnlyError` when the
         files cannot be written, ``FileNotFoundError`` for a ``readonly`` open of no log.
@@ -274,6 +281,7 @@ class EventLog:
             cache_messages=cache_messages,
             projections=projections,
             project_in_background=project_in_background,
+            relay=relay,
         )
         try:
             for projection in log._projections:
@@ -342,7 +350,9 @@ class EventLog:
     def info(self) -> dict[str, Any]:
         """Sizes and counts: events, sessions, map size, bytes used on disk, and the
         write transactions this process committed (``commits``) for how many writes
-        (``writes``; more writes than commits means group commit merged them)."""
+        (``writes``; more writes than commits means group commit merged them), this
+        process's flushes another process committed (``relayed``) and the other processes'
+        flushes this one committed (``carried``; see ``relay`` in :meth:`open`)."""
         store = self._store
         with store.read() as txn:  # the map is not resized while a transaction is open
             last = store.last_seq(txn)

@@ -290,3 +290,15 @@ def test_flushes_go_on_when_the_carrier_is_killed_and_another_process_carries(tm
             assert log._relay is not None and log._relay._carrier is not None  # it carries now
             assert log.messages("s") == messages
             assert log.verify().ok
+
+
+def test_a_log_opened_without_the_relay_neither_sends_nor_carries(tmp_path: Path) -> None:
+    path = tmp_path / "log"
+    with Child(CARRIER, str(path), "full") as carrier:
+        carrier.wait_ready()
+        with EventLog.open(path, relay=False) as log:
+            log.flush("s", turns("s", 1))
+            assert log.info()["relayed"] == 0
+    with EventLog.open(path, relay=False) as log:
+        log.flush("t", turns("t", 1))  # nobody carries now: it would become the carrier
+        assert log._relay is None
