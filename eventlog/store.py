@@ -70,7 +70,7 @@ from .keys import (
     pairs,
     state_key,
 )
-from .overlap import Sha256
+from .overlap import sha256_during
 from .space import MIB, RESERVE_FROM, ZeroedSpace, grown_size, reserved_size
 from .tree import CHECKPOINTS_DB, TREE_DB, Tree, leaf_input
 from .upgrade import UPGRADABLE, upgrade
@@ -959,26 +959,26 @@ class Batch:
         # an import in a fresh process).  The buffer is first filled up to ``size``,
         # because the encoder takes a buffer's length as its room: a shorter one it
         # would first shrink, to the length of the last event.
-        with Sha256(size) as hashing:  # the event's hash (keys.event_hash), on a second thread if large
-            raw = self.buffer.room(HEADER.size + size)
-            HEADER.pack_into(raw, 0, self.hash, self.now, ev.KIND[type(event)], state.number, state.last_seq)
-            ev.encoder.encode_into(event, raw, HEADER.size)
-            if len(raw) > EVENT_BUFFER_KEEP:
-                self.buffer.data = bytearray()  # a rare, large event: its memory goes back
-            key = SEQ.pack(seq)
-            if not self.txn.put(key, raw, db=self.store.events, append=True, overwrite=False):
-                raise CorruptLogError(f"{self.store.path}: event {seq} already exists")
-            # A bulk append's leaf is computed from the event at hand, so the commit's tree step
-            # need not read it back.
-            leafed = type(event) is ev.MessagesAppended and not (event.overrides or event.sealed)
+        raw = self.buffer.room(HEADER.size + size)
+        HEADER.pack_into(raw, 0, self.hash, self.now, ev.KIND[type(event)], state.number, state.last_seq)
+        ev.encoder.encode_into(event, raw, HEADER.size)
+        if len(raw) > EVENT_BUFFER_KEEP:
+            self.buffer.data = bytearray()  # a rare, large event: its memory goes back
+        key = SEQ.pack(seq)
+        if not self.txn.put(key, raw, db=self.store.events, append=True, overwrite=False):
+            raise CorruptLogError(f"{self.store.path}: event {seq} already exists")
+        # A bulk append's leaf is computed from the event at hand, so the commit's tree step
+        # need not read it back.
+        leafed = type(event) is ev.MessagesAppended and not (event.overrides or event.sealed)
 
-            def work() -> bytes | None:
-                if meanwhile is not None:
-                    meanwhile(seq)
-                return leaf_input(seq, raw, event) if leafed else None
+        def work() -> bytes | None:
+            if meanwhile is not None:
+                meanwhile(seq)
+            return leaf_input(seq, raw, event) if leafed else None
 
-            previous = self.hash
-            self.hash, leaf = hashing.during(key, raw, work)
+        previous = self.hash
+        # The event's hash (keys.event_hash), a large event's on a second thread meanwhile.
+        self.hash, leaf = sha256_during(key, raw, work)
         self.seq = seq
         if leaf is not None:
             self.store.tree.emitted(seq, previous, self.hash, leaf)
