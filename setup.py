@@ -1,5 +1,6 @@
-"""The optional C accelerators: the default mode's edit check (``eventlog._check``) and the
-batch check of a bulk flush (``eventlog._plain``).
+"""The optional C accelerators: the default mode's edit check (``eventlog._check``), the
+batch check of a bulk flush (``eventlog._plain``) and the hash of a large event on a native
+thread (``eventlog._digest``, linked with OpenSSL's libcrypto).
 
 Everything else is configured in pyproject.toml.  The extensions are optional: where no C
 compiler is available the build goes on without them and the pure-Python checks, which give
@@ -12,5 +13,6 @@ setup(
     ext_modules=[
         Extension("eventlog._check", ["eventlog/_check.c"], optional=True),
         Extension("eventlog._plain", ["eventlog/_plain.c"], optional=True),
+        Extension("eventlog._digest", ["eventlog/_digest.c"], libraries=["crypto"], optional=True),
     ]
 )

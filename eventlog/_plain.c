@@ -1,4 +1,5 @@
-/* The batch check of a bulk flush, in C: whether every message of a batch is plain JSON-like.
+/* The per-message loops of a bulk flush, in C: the check that every message of a batch is plain
+ * JSON-like, and the chain entries of a bulk append.
  *
  * `plain_batch(messages, max_depth, ints)` answers what eventlog.codec's pure-Python
  * `plain_batch` answers, in one walk: True when every message is a dict whose keys are
@@ -11,7 +12,11 @@
  * (messages read from JSON, not encoded yet) the walk checks that too.  No Python code
  * runs during the walk: only exact built-in types are entered.
  *
- * The test suite fuzzes the two against each other.
+ * `chain_entries(prefix, base, nodes, digests, seq)` builds the index entries of a bulk append
+ * as eventlog.keys.chain_entries_python does: for message i, the key `prefix` + big-endian
+ * u64 `base + i` and the value node (32) + digest (32) + big-endian u64 `seq` + u32 `i`.
+ *
+ * The test suite fuzzes each against its pure-Python counterpart.
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
@@ -101,10 +106,76 @@ static PyObject *plain_batch(PyObject *module, PyObject *const *args, Py_ssize_t
     Py_RETURN_TRUE;
 }
 
+static void put_be(unsigned char *out, unsigned long long value, int bytes) {
+    for (int i = bytes - 1; i >= 0; i--) {
+        out[i] = (unsigned char)(value & 0xff);
+        value >>= 8;
+    }
+}
+
+static PyObject *chain_entries(PyObject *module, PyObject *const *args, Py_ssize_t nargs) {
+    (void)module;
+    if (nargs != 5 || !PyBytes_Check(args[0]) || !PyList_Check(args[2]) || !PyList_Check(args[3])) {
+        PyErr_SetString(PyExc_TypeError, "chain_entries(prefix: bytes, base: int, nodes: list, digests: list, seq: int)");
+        return NULL;
+    }
+    unsigned long long base = PyLong_AsUnsignedLongLong(args[1]);
+    if (base == (unsigned long long)-1 && PyErr_Occurred()) return NULL;
+    unsigned long long seq = PyLong_AsUnsignedLongLong(args[4]);
+    if (seq == (unsigned long long)-1 && PyErr_Occurred()) return NULL;
+    PyObject *nodes = args[2], *digests = args[3];
+    Py_ssize_t count = PyList_GET_SIZE(nodes);
+    if (PyList_GET_SIZE(digests) != count) {
+        PyErr_SetString(PyExc_ValueError, "chain_entries: as many nodes as digests");
+        return NULL;
+    }
+    if ((unsigned long long)count > 0xffffffffULL || base > 0xffffffffffffffffULL - (unsigned long long)count) {
+        PyErr_SetString(PyExc_OverflowError, "chain_entries: positions or indexes out of range");
+        return NULL;
+    }
+    const char *prefix = PyBytes_AS_STRING(args[0]);
+    Py_ssize_t prefix_size = PyBytes_GET_SIZE(args[0]);
+    PyObject *out = PyList_New(count);
+    if (out == NULL) return NULL;
+    for (Py_ssize_t i = 0; i < count; i++) {
+        PyObject *node = PyList_GET_ITEM(nodes, i), *digest = PyList_GET_ITEM(digests, i);
+        if (!PyBytes_Check(node) || PyBytes_GET_SIZE(node) != 32 || !PyBytes_Check(digest) ||
+            PyBytes_GET_SIZE(digest) != 32) {
+            Py_DECREF(out);
+            PyErr_SetString(PyExc_ValueError, "chain_entries: every node and digest is 32 bytes");
+            return NULL;
+        }
+        PyObject *key = PyBytes_FromStringAndSize(NULL, prefix_size + 8);
+        PyObject *value = PyBytes_FromStringAndSize(NULL, 76);
+        PyObject *pair = PyTuple_New(2);
+        if (key == NULL || value == NULL || pair == NULL) {
+            Py_XDECREF(key);
+            Py_XDECREF(value);
+            Py_XDECREF(pair);
+            Py_DECREF(out);
+            return NULL;
+        }
+        unsigned char *k = (unsigned char *)PyBytes_AS_STRING(key), *v = (unsigned char *)PyBytes_AS_STRING(value);
+        memcpy(k, prefix, (size_t)prefix_size);
+        put_be(k + prefix_size, base + (unsigned long long)i, 8);
+        memcpy(v, PyBytes_AS_STRING(node), 32);
+        memcpy(v + 32, PyBytes_AS_STRING(digest), 32);
+        put_be(v + 64, seq, 8);
+        put_be(v + 72, (unsigned long long)i, 4);
+        PyTuple_SET_ITEM(pair, 0, key);
+        PyTuple_SET_ITEM(pair, 1, value);
+        PyList_SET_ITEM(out, i, pair);
+    }
+    return out;
+}
+
 static PyMethodDef methods[] = {
     {"plain_batch", (PyCFunction)(void (*)(void))plain_batch, METH_FASTCALL,
      "plain_batch(messages, max_depth, ints) -> bool: whether every message is a plain JSON-like dict "
      "without top-level _ keys (see eventlog.codec.plain_batch)"},
+    {"chain_entries", (PyCFunction)(void (*)(void))chain_entries, METH_FASTCALL,
+     "chain_entries(prefix, base, nodes, digests, seq) -> list of (key, value): the index entries of a bulk "
+     "append (see eventlog.keys.chain_entries)"},
     {NULL, NULL, 0, NULL},
 };
 

@@ -1,3 +1,6 @@
 from typing import Any
 
 def plain_batch(messages: list[Any], max_depth: int, ints: bool, /) -> bool: ...
+def chain_entries(
+    prefix: bytes, base: int, nodes: list[bytes], digests: list[bytes], seq: int, /
+) -> list[tuple[bytes, bytes]]: ...

@@ -18,10 +18,12 @@ is in docs/design.md; the formats are:
 
 from __future__ import annotations
 
+import os
 import struct
 from collections.abc import Iterator
 from dataclasses import dataclass
 from hashlib import sha256
+from itertools import repeat
 from typing import TYPE_CHECKING, Final, cast
 
 if TYPE_CHECKING:
@@ -77,6 +79,37 @@ class SessionState:
 def chain_key(number: int, position: int) -> bytes:
     """The live chain entry of session ``number`` at ``position``."""
     return SEQ.pack(number) + b"c" + SEQ.pack(position)
+
+
+try:
+    from . import _plain
+except ImportError:  # built without a C compiler: chain_entries_python gives the same entries
+    _plain = None  # type: ignore[assignment, unused-ignore]
+if os.environ.get("EVENTLOG_PURE_PYTHON"):
+    _plain = None  # type: ignore[assignment, unused-ignore]
+
+
+def chain_entries(
+    number: int, base: int, nodes: list[bytes], digests: list[bytes], seq: int
+) -> list[tuple[bytes, bytes]]:
+    """The live chain entries of a bulk append: positions ``base..`` of session ``number``, whose
+    bodies are at indexes ``0..`` of event ``seq`` (``nodes`` and ``digests``: 32 bytes each).
+
+    Built in C (``eventlog._plain``) when it is built, else by :func:`chain_entries_python`,
+    which gives the same entries."""
+    prefix = chain_key(number, 0)[:9]
+    if _plain is not None:
+        return _plain.chain_entries(prefix, base, nodes, digests, seq)
+    return chain_entries_python(prefix, base, nodes, digests, seq)
+
+
+def chain_entries_python(
+    prefix: bytes, base: int, nodes: list[bytes], digests: list[bytes], seq: int
+) -> list[tuple[bytes, bytes]]:
+    """:func:`chain_entries` by maps, with no Python frame per message (``prefix``: the session's
+    first 9 bytes of :func:`chain_key`)."""
+    keys = map(prefix.__add__, map(SEQ.pack, range(base, base + len(nodes))))
+    return list(zip(keys, map(LINK.pack, nodes, digests, repeat(seq), range(len(nodes)))))
 
 
 def note_key(number: int, position: int) -> bytes:

@@ -36,7 +36,6 @@ import weakref
 from collections import defaultdict
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from hashlib import sha256
 from itertools import islice
 from typing import Any, Final, TypeVar
 
@@ -71,6 +70,7 @@ from .keys import (
     pairs,
     state_key,
 )
+from .overlap import sha256_during
 from .space import MIB, RESERVE_FROM, ZeroedSpace, grown_size, reserved_size
 from .tree import CHECKPOINTS_DB, TREE_DB, Tree, leaf_input
 from .upgrade import UPGRADABLE, upgrade
@@ -945,9 +945,13 @@ class Batch:
         self.seq, self.hash = store.tail(txn)
         self.now = time.time_ns() if now is None else now
 
-    def emit(self, event: ev.AnyEvent, state: SessionState, size: int = 0) -> int:
+    def emit(
+        self, event: ev.AnyEvent, state: SessionState, size: int = 0, meanwhile: Callable[[int], None] | None = None
+    ) -> int:
         """Append ``event`` to the transaction; ``size`` is about how many bytes its encoding
-        takes, when the caller knows it (a batch of message bodies)."""
+        takes, when the caller knows it (a batch of message bodies).  ``meanwhile(seq)`` is
+        the caller's further work in the transaction that needs the event's seq but not its
+        hash (the chain entries of its messages): it runs while a large event is hashed."""
         seq = self.seq + 1
         # The envelope and the event are encoded into one buffer (no copy of the bodies),
         # and the store keeps that buffer from one event to the next.  A fresh buffer per
@@ -965,13 +969,21 @@ class Batch:
         key = SEQ.pack(seq)
         if not self.txn.put(key, raw, db=self.store.events, append=True, overwrite=False):
             raise CorruptLogError(f"{self.store.path}: event {seq} already exists")
+        # A bulk append's leaf is computed from the event at hand, so the commit's tree step
+        # need not read it back.
+        leafed = type(event) is ev.MessagesAppended and not (event.overrides or event.sealed)
+
+        def work() -> bytes | None:
+            if meanwhile is not None:
+                meanwhile(seq)
+            return leaf_input(seq, raw, event) if leafed else None
+
+        previous = self.hash
+        # The event's hash (keys.event_hash), a large event's on a second thread meanwhile.
+        self.hash, leaf = sha256_during(key, raw, work)
         self.seq = seq
-        digest = sha256(key)
-        digest.update(raw)
-        previous, self.hash = self.hash, digest.digest()
-        if type(event) is ev.MessagesAppended and not (event.overrides or event.sealed):
-            # A bulk append's leaf, from the event at hand: the commit's tree step need not read it back.
-            self.store.tree.emitted(seq, previous, self.hash, leaf_input(seq, raw, event))
+        if leaf is not None:
+            self.store.tree.emitted(seq, previous, self.hash, leaf)
         self.tip.pending = (seq, self.hash)
         state.last_seq = seq
         state.last_hash = self.hash

@@ -14,7 +14,6 @@ import struct
 from collections import deque
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from itertools import repeat
 from typing import Any
 
 import lmdb
@@ -24,7 +23,7 @@ from . import codec
 from . import events as ev
 from .codec import ZERO, node_digest
 from .errors import ConflictError, CorruptLogError, HistoryMismatchError, UnknownSessionError
-from .keys import LINK, SEQ, SessionState, chain_key, note_key, pairs, redaction_key
+from .keys import LINK, SEQ, SessionState, chain_entries, chain_key, note_key, pairs, redaction_key
 from .redact import sealed_stand_in
 from .snapshot import Prepared, bodies_from
 from .store import Batch, Store
@@ -529,10 +528,26 @@ class Writer:
             if carried
             else list(map(msgspec.Raw, bodies))
         )
-        seq = batch.emit(
+        number, pack_link, base = state.number, LINK.pack, state.length
+        prefix, pack_position = chain_key(number, 0)[:9], SEQ.pack
+
+        def put_entries(seq: int) -> None:
+            """The chain entries of the new messages, and their display overrides."""
+            if carried:
+                entries = [
+                    (prefix + pack_position(base + i), pack_link(node, digest, *(carried.get(i) or (seq, i))))
+                    for i, (digest, node) in enumerate(zip(digests, nodes))
+                ]
+            else:  # the common case (every import)
+                entries = chain_entries(number, base, nodes, digests, seq)
+            notes = messages.notes.items()
+            entries += [(note_key(number, base + i), nodes[i] + codec.encode(note)) for i, note in notes]
+            txn.cursor(db=store.index).putmulti(entries)
+
+        batch.emit(
             ev.MessagesAppended(
                 session=session_id,
-                position=state.length,
+                position=base,
                 digests=b"".join(digests),
                 nodes=b"".join(nodes),
                 bodies=raw_bodies,
@@ -543,19 +558,8 @@ class Writer:
             ),
             state,
             sum(map(len, bodies)) + 80 * len(bodies),  # each body, its digest and node, framing
+            put_entries,
         )
-        number, pack_link, base = state.number, LINK.pack, state.length
-        prefix, pack_position = chain_key(number, 0)[:9], SEQ.pack
-        if carried:
-            entries = [
-                (prefix + pack_position(base + i), pack_link(node, digest, *(carried.get(i) or (seq, i))))
-                for i, (digest, node) in enumerate(zip(digests, nodes))
-            ]
-        else:  # the common case (every import): built by maps, with no Python frame per message
-            keys = map(prefix.__add__, map(pack_position, range(base, base + len(nodes))))
-            entries = list(zip(keys, map(pack_link, nodes, digests, repeat(seq), range(len(nodes)))))
-        entries += [(note_key(number, base + i), nodes[i] + codec.encode(note)) for i, note in messages.notes.items()]
-        txn.cursor(db=store.index).putmulti(entries)
         state.length = base + len(nodes)
         state.head = nodes[-1] if nodes else state.head
         state.closed = False

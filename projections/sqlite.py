@@ -49,6 +49,8 @@ REPLACE_TRIES = 3
 SNIPPET_MARKS = ("**", "**")
 """What :meth:`SQLiteProjection.search` puts around matched words in snippets."""
 
+CHECKPOINT = "SELECT log_id, last_seq, last_hash, indexed_upto FROM checkpoint"
+
 
 class SQLiteProjection:
     """A SQLite transcript of an event log: sessions, message rows, full-text search.
@@ -207,18 +209,27 @@ class SQLiteProjection:
     def _catch_up(self, log: Source) -> int:
         log_id = log.id
         checkpoint = self._read_checkpoint()
-        core.check_source(self.path, checkpoint, log)
+        if checkpoint.log_id is not None and checkpoint.log_id != log_id:
+            raise core.mismatch(self.path, checkpoint.log_id, log_id)
         if checkpoint.log_id is None:
             with self._write():  # the projection belongs to this log from now on
                 self._claim(log_id)
         applied = 0
+        found = False
         for chunk in core.chunks(log.events(after=checkpoint.last_seq), self.batch):
+            found = True
             with self._write():
-                self._claim(log_id)
-                checkpoint = self._read_checkpoint()
-                store = SQLiteStore(self._db, self._checkpoint()[2])
+                # The checkpoint again, inside the transaction: another process may have moved it.
+                owner, last, last_hash, indexed = self._db.execute(CHECKPOINT).fetchone()
+                self._claim(log_id, owner)
+                checkpoint = Checkpoint(owner, last, last_hash)
+                store = SQLiteStore(self._db, indexed)
                 applied += self._apply_chunk(store, Applier(store, log=log), checkpoint, chunk)
                 self._index(force=False)
+        if not found:
+            # Nothing after the checkpoint: the log may end before it (an older copy).  When
+            # events follow it, the log goes on past it, and their chain is checked instead.
+            core.check_source(self.path, checkpoint, log)
         return applied
 
     def rebuild(self, log: Source, *, exclusive: bool | None = None) -> int:
@@ -475,9 +486,13 @@ class SQLiteProjection:
         if not self._wal_pending:
             self._db.execute("PRAGMA synchronous = NORMAL")
 
-    def _claim(self, log_id: str) -> None:
-        """Record ``log_id`` as the projected log, or refuse another one (inside the open transaction)."""
-        owner = self._checkpoint()[0]
+    def _claim(self, log_id: str, owner: str | None = None) -> None:
+        """Record ``log_id`` as the projected log, or refuse another one (inside the open transaction).
+
+        ``owner``: the checkpoint's log id as just read in this transaction (read here if not given).
+        """
+        if owner is None:
+            owner = self._checkpoint()[0]
         if owner is None:
             self._db.execute("UPDATE checkpoint SET log_id = ?", (log_id,))
         elif owner != log_id:

@@ -1,9 +1,9 @@
 """The SQLite target's row store: the SQL behind :class:`projections.core.Store`.
 
-Rows go in with ``executemany``; the FTS5 index (an external-content index over the
-live rows) is kept current here: rows above ``indexed_upto`` wait to be indexed in
-bulk by :func:`index_pending`, rows at or below it leave the index when they are
-tombstoned or re-displayed.
+Rows go in with ``executemany``, one statement per shape of row (:func:`insert_rows`);
+the FTS5 index (an external-content index over the live rows) is kept current here:
+rows above ``indexed_upto`` wait to be indexed in bulk by :func:`index_pending`, rows
+at or below it leave the index when they are tombstoned or re-displayed.
 """
 
 from __future__ import annotations
@@ -11,12 +11,15 @@ from __future__ import annotations
 import sqlite3
 import threading
 from collections.abc import Callable
+from operator import is_, itemgetter
 from typing import Any, Final
 
 from .core import ROW_COLUMNS, SESSION_COLUMNS
 from .rows import DERIVED
 
 INSERT_ROW: Final = f"INSERT INTO messages ({', '.join(ROW_COLUMNS)}) VALUES ({', '.join('?' * len(ROW_COLUMNS))})"
+NODE, DIGEST = ROW_COLUMNS.index("node"), ROW_COLUMNS.index("digest")
+_NONES: Final = (None,) * len(ROW_COLUMNS)
 SAVE_SESSION: Final = (
     f"INSERT OR REPLACE INTO sessions ({', '.join(SESSION_COLUMNS)}) VALUES ({', '.join('?' * len(SESSION_COLUMNS))})"
 )
@@ -111,6 +114,46 @@ class Connection:
             raise interrupted
 
 
+Plan = tuple[str, Callable[[tuple[Any, ...]], tuple[Any, ...]]]
+_plans: dict[tuple[bool, ...], Plan] = {}
+PLANS: Final = 256
+"""Row shapes whose statements are kept (a transcript has a handful)."""
+
+
+def _plan(nulls: tuple[bool, ...]) -> Plan:
+    filled = [i for i, null in enumerate(nulls) if not null]
+    if filled[: DIGEST + 1] != list(range(DIGEST + 1)):
+        raise ValueError(f"a row leaves a column of its identity NULL: {nulls}")
+    sql = f"INSERT INTO messages (id, {', '.join(ROW_COLUMNS[i] for i in filled)}) VALUES (?{', ?' * len(filled)})"
+    if len(_plans) >= PLANS:
+        _plans.clear()
+    plan = _plans[nulls] = sql, itemgetter(*filled)
+    return plan
+
+
+def insert_rows(db: Connection, rows: list[tuple[Any, ...]]) -> None:
+    """Insert ``rows`` (in :data:`~projections.core.ROW_COLUMNS` order) with the ids an insertion
+    in order gives them, one statement per shape (which columns are ``NULL``).
+
+    The sqlite3 module binds ``None`` and ``bytes`` through its adapter lookup, several times
+    the cost of a ``str`` or an ``int``, and a row leaves most of its columns ``NULL``: each
+    row is bound with the columns it fills alone (the others take their default, ``NULL``),
+    and its digests as ``bytearray`` (stored as the same BLOB).
+    """
+    top = db.execute("SELECT coalesce(max(id), 0) FROM messages").fetchone()[0]
+    groups: dict[str, list[tuple[Any, ...]]] = {}
+    for row_id, row in enumerate(rows, top + 1):
+        nulls = tuple(map(is_, row, _NONES))
+        sql, pick = _plans.get(nulls) or _plan(nulls)
+        v = pick(row)
+        group = groups.get(sql)
+        if group is None:
+            group = groups[sql] = []
+        group.append((row_id, v[0], v[1], v[2], v[3], bytearray(v[NODE]), bytearray(v[DIGEST]), *v[DIGEST + 1 :]))
+    for sql, group in groups.items():
+        db.executemany(sql, group)
+
+
 class SQLiteStore:
     """A :class:`projections.core.Store` over one SQLite connection, inside its open transaction.
 
@@ -140,7 +183,7 @@ class SQLiteStore:
     def write_rows(self, rows: list[tuple[Any, ...]], *, bulk: bool) -> None:
         # A bulk of rows is indexed right after it is written, while its pages are in
         # the cache (FTS5 buffers terms in memory).
-        self.db.executemany(INSERT_ROW, rows)
+        insert_rows(self.db, rows)
         if bulk:
             self.indexed_upto = index_pending(self.db, self.indexed_upto, self.db.later if self.background else None)
 
