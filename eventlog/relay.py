@@ -68,6 +68,8 @@ logger = logging.getLogger(__name__)
 
 WAIT = 2.0
 """Seconds a sender waits for the carrier's answer before it writes the flush itself."""
+RETRY = 1.0
+"""Seconds before a process that could not set up the carrier's socket tries again."""
 MAX_REQUEST = 16 << 20
 """Requests larger than this (in bytes of message bodies) are written by their own process."""
 LINGER = 0.002
@@ -137,6 +139,7 @@ class Relay:
         self._guard = threading.Lock()  # one request at a time on the connection
         self._conn: socket.socket | None = None
         self._carrier: _Carrier | None = None
+        self._next_carry = 0.0  # monotonic time before which this process does not try to carry again
         self._closed = False
         _RELAYS.add(self)
 
@@ -151,9 +154,12 @@ class Relay:
             return None
         carrier = self._carrier
         if carrier is not None:
-            # This process carries.  While others send to it, its own flushes join their
-            # commits; alone, they go through its group commit directly.
-            return carrier.submit(parts) if carrier.buffers else None
+            if not carrier.stopping:
+                # This process carries.  While others send to it, its own flushes join their
+                # commits; alone, they go through its group commit directly.
+                return carrier.submit(parts) if carrier.buffers else None
+            self._carrier = None  # its thread ended (logged): this process may carry anew, or send
+            carrier.stop()
         if not self._guard.acquire(blocking=False):
             return None  # another thread of this process is waiting on the carrier: commit here
         try:
@@ -233,7 +239,7 @@ class Relay:
             conn.connect(self._address)
         except OSError as e:
             conn.close()
-            if e.errno in (errno.ENOENT, errno.ECONNREFUSED):
+            if e.errno in (errno.ENOENT, errno.ECONNREFUSED) and time.monotonic() >= self._next_carry:
                 self._carry()  # no carrier: this process may become it
             return None
         if not _same_user(conn):
@@ -263,6 +269,7 @@ class Relay:
         try:
             carrier = _Carrier(self, fd)
         except OSError as e:
+            self._next_carry = time.monotonic() + RETRY
             logger.warning("%s: cannot carry other processes' flushes (%s)", self.store.path, e)
             os.close(fd)
             return
@@ -274,9 +281,9 @@ class Relay:
         self._closed = True
         with self._guard:
             self._drop()
-        if self._carrier is not None:
-            self._carrier.stop()
-            self._carrier = None
+        carrier, self._carrier = self._carrier, None
+        if carrier is not None:
+            carrier.stop()
 
     def forget(self) -> None:
         """In a child after ``fork()``: let go of the parent's sockets and files without touching them."""
@@ -305,6 +312,7 @@ class _Carrier:
             self.listener.close()
             raise
         self.wake_r, self.wake_w = os.pipe2(os.O_CLOEXEC | os.O_NONBLOCK)
+        self.wake: tuple[int, int] | None = (self.wake_r, self.wake_w)  # None once stop() let them go
         self.selector = selectors.DefaultSelector()
         self.selector.register(self.listener, selectors.EVENT_READ)
         self.selector.register(self.wake_r, selectors.EVENT_READ)
@@ -321,12 +329,12 @@ class _Carrier:
     def submit(self, parts: list[Part]) -> list[FlushResult] | None:
         """Commit this process's ``parts`` with the requests of the next commit; as :meth:`Relay.send`."""
         own = _Own(Ask(float("inf"), parts))
-        with self.lock:
+        with self.lock:  # the pipe is open while the carrier is not stopping (stop() takes this lock)
             if self.stopping:
                 return None
             self.own.append(own)
-        try:
             os.write(self.wake_w, b"o")
+        try:
             while not own.done.wait(WAIT):
                 if not self.thread.is_alive():
                     raise Uncertain
@@ -339,9 +347,15 @@ class _Carrier:
         return [FlushResult(*result) for result in answer.results]
 
     def stop(self) -> None:
-        self.stopping = True
+        """Stop the thread after the commit under way, and let go of the pipe (once, whoever calls)."""
+        with self.lock:
+            self.stopping = True
+            wake, self.wake = self.wake, None
+        if wake is None:
+            return
+        wake_r, wake_w = wake
         try:
-            os.write(self.wake_w, b"x")
+            os.write(wake_w, b"x")
         except OSError:
             pass
         self.thread.join()
@@ -349,35 +363,53 @@ class _Carrier:
             for own in self.own:
                 own.done.set()  # never taken: written by its own process
             self.own.clear()
-        self.listener.close()  # before the lock goes: the next carrier binds the name
-        for conn in list(self.buffers):
-            conn.close()
-        self.selector.close()
-        os.close(self.wake_r)
-        os.close(self.wake_w)
-        os.close(self.lock_fd)
+        os.close(wake_r)
+        os.close(wake_w)
 
     def _serve(self) -> None:
-        while not self.stopping:
-            asks: list[tuple[socket.socket | _Own, Ask]] = []
-            self._gather(asks, None)
-            if asks and len(asks) < self.last:
-                # As many senders as the last commit carried were writing a moment ago: a short
-                # wait for those still preparing theirs shares this commit's syncs among them.
-                until = time.monotonic() + LINGER
-                while len(asks) < self.last and (left := until - time.monotonic()) > 0:
-                    self._gather(asks, left)
-            self.last = len(asks)
-            if asks:
-                try:
-                    self._commit(asks)
-                except Exception:
-                    logger.exception("%s: carrying other processes' flushes failed", self.relay.store.path)
-                    for conn, _ in asks:
-                        if isinstance(conn, _Own):
-                            conn.done.set()  # no answer: its flush is written by its thread
-                        else:
-                            self._close(conn)
+        try:
+            while not self.stopping:
+                self._round()
+        except BaseException:
+            if not self.stopping:
+                logger.exception("%s: stopped carrying other processes' flushes", self.relay.store.path)
+        finally:
+            # Whatever ended the thread, nothing may be left listening with nobody reading: the
+            # senders would wait for every answer until their deadline.  Closed, they are
+            # refused at once and one of them carries instead.
+            self.stopping = True
+            self.listener.close()  # before the lock goes: the next carrier binds the name
+            for conn in list(self.buffers):
+                conn.close()
+            self.buffers.clear()
+            self.selector.close()
+            os.close(self.lock_fd)
+            with self.lock:
+                for own in self.own:
+                    own.done.set()
+                self.own.clear()
+
+    def _round(self) -> None:
+        """Gather the requests that are ready (and those a moment away), commit them, answer them."""
+        asks: list[tuple[socket.socket | _Own, Ask]] = []
+        self._gather(asks, None)
+        if asks and len(asks) < self.last:
+            # As many senders as the last commit carried were writing a moment ago: a short
+            # wait for those still preparing theirs shares this commit's syncs among them.
+            until = time.monotonic() + LINGER
+            while len(asks) < self.last and (left := until - time.monotonic()) > 0:
+                self._gather(asks, left)
+        self.last = len(asks)
+        if asks:
+            try:
+                self._commit(asks)
+            except Exception:
+                logger.exception("%s: carrying other processes' flushes failed", self.relay.store.path)
+                for conn, _ in asks:
+                    if isinstance(conn, _Own):
+                        conn.done.set()  # no answer: its flush is written by its thread
+                    else:
+                        self._close(conn)
 
     def _gather(self, asks: list[tuple[socket.socket | _Own, Ask]], timeout: float | None) -> None:
         for key, _ in self.selector.select(timeout):
