@@ -9,7 +9,9 @@ SQLite work runs on another core.
 
 Readers that need what they just wrote call :meth:`Projector.wait` (a projection
 that was given it through ``bind`` does so before each read), which returns once
-every write made before the call has been applied.
+every write made before the call has been applied.  When the thread is idle, such a
+reader applies those writes itself rather than wake the thread and wait for it: its
+own writes are then current one thread hand-over sooner, and with its caches warm.
 """
 
 from __future__ import annotations
@@ -78,6 +80,7 @@ class Projector:
         self._stopped = False
         self._pokes = 0  # writes poked since the last round began
         self._readers = 0  # callers in wait(): a round starts at once for them
+        self._runner: int | None = None  # the thread running a round (the projector's or a reader's)
         self._thread = threading.Thread(target=self._run, name="eventlog-projector", daemon=True)
         self._thread.start()
 
@@ -95,11 +98,15 @@ class Projector:
 
         When the last round failed for it, first asks for another one and waits for that.
         False on timeout, or when its catch-up failed again (it was logged).  Returns at
-        once on the projector's own thread (a projection reading while it catches up), and
-        once the thread has stopped or is gone (in a child after ``fork()``).
+        once on the thread running a round (a projection reading while it catches up), and
+        once the thread has stopped or is gone (in a child after ``fork()``).  With no
+        ``timeout``, while the projector's thread is idle, the round runs on the caller's
+        thread (see :meth:`_apply_here`).
         """
-        if threading.current_thread() is self._thread:
+        if threading.current_thread() is self._thread or self._runner == threading.get_ident():
             return True
+        if timeout is None:
+            self._apply_here()
         deadline = None if timeout is None else time.monotonic() + timeout
 
         def left() -> float | None:
@@ -125,6 +132,68 @@ class Projector:
                 return False
             return self._done >= target and not self._fails(projection)
 
+    def _apply_here(self) -> None:
+        """Run the next round on the calling thread, when the projector's is idle and nothing failed.
+
+        Only for a reader with no timeout: a round runs to its end.  A failure is handled as the
+        projector's own rounds handle it; an interrupt leaves the writes to the next round.
+        """
+        me = threading.get_ident()
+        claimed = False
+        try:
+            with self._lock:
+                if self._runner is not None or not self._claimable():
+                    return
+                claimed = True  # before the claim itself: an interrupt between the two is handled below
+                self._runner = me
+                target = self._begin_round()
+            failing = self._catch_up_all()
+            with self._lock:
+                self._end_round(target, failing)
+                claimed = False
+        finally:
+            if claimed:
+                with self._lock:
+                    if self._runner == me:
+                        self._runner = None
+                        self._cond.notify_all()
+
+    def _claimable(self) -> bool:
+        return self._wanted > self._done and not self._failing and not self._stopping and self._running()
+
+    def _begin_round(self) -> int:
+        """Start a round (holding the lock): the seq it applies up to."""
+        self._pokes = 0
+        self._retry = False
+        return self._wanted
+
+    def _catch_up_all(self) -> set[int]:
+        """Each projection's catch-up; the indexes of those that failed (logged)."""
+        failing = set()
+        for i, projection in enumerate(self._projections):
+            try:
+                projection.catch_up(self._log)
+            except Exception as e:
+                # The write is committed; the projection is tried again (see the class).
+                failing.add(i)
+                if self._streak == 0:
+                    logger.exception("projection %r failed to catch up", projection)
+                else:
+                    logger.warning(
+                        "projection %r still fails to catch up (%d rounds): %s", projection, self._streak + 1, e
+                    )
+        return failing
+
+    def _end_round(self, target: int, failing: set[int]) -> None:
+        """Record a finished round (holding the lock) and wake its waiters."""
+        self._done = max(self._done, target)
+        self._failing = failing
+        self._streak = self._streak + 1 if failing else 0
+        self._rounds += 1
+        self._pause = min(max(2 * self._pause, RETRY_MIN), RETRY_MAX) if failing else 0.0
+        self._runner = None
+        self._cond.notify_all()
+
     def waiter(self, projection: Projection) -> Callable[[float | None], bool]:
         """:meth:`wait` for ``projection`` alone: another one failing is not its readers' concern."""
         return lambda timeout: self.wait(timeout, projection)
@@ -146,6 +215,8 @@ class Projector:
         return not self._stopped and self._thread.is_alive()
 
     def _due(self) -> bool:
+        if self._runner is not None:
+            return False  # a reader's round: look again when it ends
         return self._wanted > self._done or self._stopping or (self._retry and bool(self._failing))
 
     def _no_more_gathering(self) -> bool:
@@ -159,34 +230,20 @@ class Projector:
                     self._cond.wait_for(self._due, self._pause if self._failing else None)
                     if not self._failing:  # gather more writes for this round (see COALESCE_WRITES)
                         self._cond.wait_for(self._no_more_gathering, COALESCE_LAG)
-                    self._pokes = 0
-                    self._retry = False
+                    if self._runner is not None:
+                        continue  # a reader took this round (see _apply_here)
                     if self._wanted <= self._done and not self._failing:
+                        self._pokes = 0
+                        self._retry = False
                         if self._stopping:
                             return  # nothing left
                         continue
-                    target = self._wanted
+                    self._runner = threading.get_ident()
+                    target = self._begin_round()
                     last_try = self._stopping  # this round began after close() asked to stop
-                failing = set()
-                for i, projection in enumerate(self._projections):
-                    try:
-                        projection.catch_up(self._log)
-                    except Exception as e:
-                        # The write is committed; the projection is tried again (see the class).
-                        failing.add(i)
-                        if self._streak == 0:
-                            logger.exception("projection %r failed to catch up", projection)
-                        else:
-                            logger.warning(
-                                "projection %r still fails to catch up (%d rounds): %s", projection, self._streak + 1, e
-                            )
+                failing = self._catch_up_all()
                 with self._lock:
-                    self._done = max(self._done, target)
-                    self._failing = failing
-                    self._streak = self._streak + 1 if failing else 0
-                    self._rounds += 1
-                    self._pause = min(max(2 * self._pause, RETRY_MIN), RETRY_MAX) if failing else 0.0
-                    self._cond.notify_all()
+                    self._end_round(target, failing)
                     if failing and last_try:
                         return  # closing: that was the last try
         finally:

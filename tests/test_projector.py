@@ -318,3 +318,47 @@ def test_a_reader_never_waits_for_more_writes_to_gather(tmp_path: Path) -> None:
             assert raw_count(tmp_path / "t.db") == 21
     finally:
         proj.close()
+
+
+class Where:
+    """A projection that records the thread of each catch-up, and raises ``fail`` once."""
+
+    def __init__(self) -> None:
+        self.threads: list[threading.Thread] = []
+        self.fail: BaseException | None = None
+
+    def catch_up(self, log: EventLog) -> int:
+        self.threads.append(threading.current_thread())
+        if self.fail is not None:
+            fail, self.fail = self.fail, None
+            raise fail
+        return 0
+
+
+def test_a_reader_applies_the_writes_itself_while_the_projector_is_idle(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr("eventlog.projector.COALESCE_LAG", 60.0)  # the projector would gather for a minute
+    where = Where()
+    with EventLog.open(tmp_path / "log", projections=[where]) as log:
+        log.flush("s", [user("q")])
+        assert log.sync_projections()  # no timeout: the round runs on this thread, at once
+        assert where.threads[-1] is threading.current_thread()
+        log.flush("s", [user("q"), assistant("a")])
+        assert log.sync_projections(timeout=30)  # a timeout: the projector's thread runs it
+        assert where.threads[-1] is not threading.current_thread()
+
+
+def test_an_interrupted_round_of_a_reader_leaves_the_writes_to_the_next(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr("eventlog.projector.COALESCE_LAG", 60.0)
+    where = Where()
+    with EventLog.open(tmp_path / "log", projections=[where]) as log:
+        log.flush("s", [user("q")])
+        where.fail = KeyboardInterrupt()
+        with pytest.raises(KeyboardInterrupt):
+            log.sync_projections()
+        rounds = len(where.threads)
+        assert log.sync_projections(timeout=30)  # neither waiter nor projector is stuck
+        assert len(where.threads) == rounds + 1
