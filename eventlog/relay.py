@@ -10,7 +10,7 @@ extends the stored transcript, send the carrier what it appends: the session, th
 head node it extends, the new messages' bodies, content digests and node digests.  The carrier
 runs every request it has when it is ready to write in one write of its group commit, each in
 a nested transaction, so they share its commit and its syncs, and answers each after the
-commit is durable.
+commit is durable (two of its threads commit in turn, so one's sync overlaps the next commit).
 
 What keeps it exact:
 
