@@ -16,10 +16,12 @@ Beside them, one writer with ``durability="none"`` in each mode: its rate is the
 CPU bound of the threads (they share one GIL), so the ratio of that rate to one
 durable writer's is about the most any number of threads can reach (a little of
 a write's CPU, LMDB's copying and hashing of large buffers, runs without the GIL).
-Processes cannot share a commit: each commit holds LMDB's writer lock through its
-data sync.  The target is 8 processes >= 1x one writer with p99 <= 4x p50.  Beside
-them, one thread flushing the 8 processes' sessions together, one ``flush_many``
-per turn: the rate 8 processes would reach if their writes shared commits.
+Processes share commits through the relay (eventlog/relay.py: one of them commits the
+others' flushes with its own); beside them, the same 8 processes with ``relay=False``, each
+committing its own writes on LMDB's writer lock.  The target is 8 processes >= 1x one
+writer with p99 <= 4x p50.  Beside them, one thread flushing the 8 processes' sessions
+together, one ``flush_many`` per turn: the rate 8 processes reach at most if every turn of
+theirs shared one commit.
 
 Run it::
 
@@ -66,9 +68,9 @@ def _write(
     return began, now_ns(), samples
 
 
-def _process_writer(path: str, writer: int, turns: int, barrier: Any, out: Any) -> None:
+def _process_writer(path: str, writer: int, turns: int, barrier: Any, out: Any, relay: bool = True) -> None:
     plan = _turns(writer, turns)
-    with EventLog.open(path) as log:
+    with EventLog.open(path, relay=relay) as log:
         out.put((writer, _write(log, writer, plan, barrier)))
 
 
@@ -112,11 +114,13 @@ def _threads(
     return _combine([r for r in results if r is not None])
 
 
-def _processes(path: Path, count: int, turns: int) -> tuple[int, list[int]]:
+def _processes(path: Path, count: int, turns: int, relay: bool = True) -> tuple[int, list[int]]:
     context = multiprocessing.get_context("spawn")
     barrier = context.Barrier(count)
     out = context.Queue()
-    procs = [context.Process(target=_process_writer, args=(str(path), w, turns, barrier, out)) for w in range(count)]
+    procs = [
+        context.Process(target=_process_writer, args=(str(path), w, turns, barrier, out, relay)) for w in range(count)
+    ]
     for p in procs:
         p.start()
     results = [out.get(timeout=600)[1] for _ in procs]
@@ -153,7 +157,9 @@ def run(
     samples = samples or (2 if quick else SAMPLES)
     cases = [("threads", n, False, "full") for n in threads] + [("processes", n, False, "full") for n in processes]
     cases += [("threads", n, True, "full") for n in threads if n in (1, max(threads))]
-    cases += [("batched", max(processes), False, "full")] if processes else []
+    cases += (
+        [("batched", max(processes), False, "full"), ("unrelayed", max(processes), False, "full")] if processes else []
+    )
     # The CPU bound: one writer with no sync to wait for.  Threads share one GIL, so however
     # well their syncs are grouped, together they write hardly faster than this.
     cases += [("threads", 1, trust, "none") for trust in (False, True)]
@@ -168,7 +174,7 @@ def run(
                 elif kind == "batched":
                     wall, latencies = _batched(path, n, turns)
                 else:
-                    wall, latencies = _processes(path, n, turns)
+                    wall, latencies = _processes(path, n, turns, relay=kind == "processes")
                 with EventLog.open(path) as log:
                     stored = sum(len(log.messages(f"writer-{w}")) for w in range(n))
                 assert stored == n * turns * MESSAGES_PER_TURN, f"{kind}={n}: {stored} messages stored"
@@ -179,6 +185,8 @@ def run(
         name = f"{n} {kind[:-1] if n == 1 else kind}" + (", trust mode" if trust else "")
         if kind == "batched":
             name = f"1 thread, {n} sessions per flush_many (one commit: the bound of grouping {n} processes)"
+        elif kind == "unrelayed":
+            name = f"{n} processes, relay=False (each commits its own writes)"
         if durability != "full":
             name += f", durability {durability} (CPU bound)"
         rates = sorted(rate for rate, _ in done)

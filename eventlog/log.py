@@ -17,6 +17,7 @@ import lmdb
 from . import audit, codec
 from . import events as ev
 from . import redact as redaction
+from .codec import ZERO
 from .errors import (
     CorruptLogError,
     EventLogError,
@@ -29,13 +30,14 @@ from .errors import (
 from .keys import SessionState
 from .projector import Projection, Projector, bind
 from .redact import Redaction
+from .relay import Part, Relay, Uncertain
 from .replay import BodyReader, Occurrence, SessionInfo, fill, paused_gc, repair, replay, session_info
 from .signing import Signer
-from .snapshot import ChangedSince, Prepared, SnapshotCache, is_ephemeral, prepare, release
+from .snapshot import ChangedSince, Prepared, SnapshotCache, bodies_from, is_ephemeral, prepare, release
 from .store import Record, Store, iter_events
 from .verifier import Verifier
 from .verify import LogHead, VerifyReport, verify
-from .writer import EMPTY_HEAD, SUMMARY_KEY, FlushResult, Snapshot, Writer, _head_hex
+from .writer import EMPTY_HEAD, SUMMARY_KEY, FlushResult, Snapshot, Writer, _head_hex, leading_summaries
 
 __all__ = [
     "COUNTERS",
@@ -184,6 +186,7 @@ class EventLog:
         cache_messages: int = 200_000,
         projections: Sequence[Projection] = (),
         project_in_background: bool = True,
+        relay: bool = True,
     ) -> None:
         self._store = store
         self._writer = Writer(store)
@@ -198,6 +201,9 @@ class EventLog:
             self._projector = Projector(self, self._projections)
             for projection in self._projections:
                 bind(projection, self._projector.waiter(projection))
+        self._relay: Relay | None = None
+        if relay and not store.readonly and store.locked and store.sync_data:
+            self._relay = Relay(store, self._writer, self._carried)
 
     @classmethod
     def open(
@@ -214,6 +220,7 @@ class EventLog:
         project_in_background: bool = True,
         readonly: bool = False,
         allow_shared_directory: bool = False,
+        relay: bool = True,
     ) -> EventLog:
         """Open (creating when needed) the log in directory ``path``.
 
@@ -250,6 +257,11 @@ class EventLog:
           :class:`~eventlog.errors.UnsafeDirectoryError`, as is a symlink or another user's
           file in place of the log's files, since whoever can write the directory could make
           this process write through a planted link (docs/reliability.md).
+        - ``relay``: share commits with the other processes writing this log (same user,
+          same durability mode, ``full`` or ``process``): a flush that extends a transcript is
+          committed by whichever of them carries the others' flushes, together with theirs
+          (``eventlog/relay.py``; docs/design.md, "Many processes").  With ``relay=False``
+          this process neither sends its flushes nor carries others'.
 
         Raises :class:`CorruptLogError` for damaged files, :class:`ReadOnlyError` when the
         files cannot be written, ``FileNotFoundError`` for a ``readonly`` open of no log.
@@ -269,6 +281,7 @@ class EventLog:
             cache_messages=cache_messages,
             projections=projections,
             project_in_background=project_in_background,
+            relay=relay,
         )
         try:
             for projection in log._projections:
@@ -289,6 +302,8 @@ class EventLog:
         if self._store.forked:
             self._store.close()
             return
+        if self._relay is not None:
+            self._relay.close()
         if self._projector is not None:
             self._projector.close()
         self._cache.clear()
@@ -335,7 +350,9 @@ class EventLog:
     def info(self) -> dict[str, Any]:
         """Sizes and counts: events, sessions, map size, bytes used on disk, and the
         write transactions this process committed (``commits``) for how many writes
-        (``writes``; more writes than commits means group commit merged them)."""
+        (``writes``; more writes than commits means group commit merged them), this
+        process's flushes another process committed (``relayed``) and the other processes'
+        flushes this one committed (``carried``; see ``relay`` in :meth:`open`)."""
         store = self._store
         with store.read() as txn:  # the map is not resized while a transaction is open
             last = store.last_seq(txn)
@@ -354,6 +371,8 @@ class EventLog:
             "file_bytes": os.path.getsize(data) if os.path.exists(data) else 0,
             "commits": store.commits,
             "writes": store.grouped_writes,
+            "relayed": self._relay.sent if self._relay else 0,
+            "carried": self._relay.carried if self._relay else 0,
         }
 
     # -- writing ---------------------------------------------------------------
@@ -456,7 +475,11 @@ class EventLog:
                 results = [FlushResult(0, 0, s.length, _head_hex(s.length, s.head)) if s else _EMPTY for s in states]
             else:
                 try:
-                    results = self._write_flushes(snapshots, [state.length if state else 0 for state in states])
+                    relayed = self._relayed(snapshots, states)
+                    if relayed is not None:
+                        results = relayed
+                    else:
+                        results = self._write_flushes(snapshots, [state.length if state else 0 for state in states])
                 except ChangedSince:
                     # A message the cache had let go of changed in place meanwhile: hash the lists afresh.
                     snapshots = [self._snapshot(want, None, replace, named) for want in wanted]
@@ -497,6 +520,46 @@ class EventLog:
                 raise
             raise InvalidMessageError(f"session {want.session_id!r}: {e}", index=e.index, path=e.path) from None
         return Snapshot(want.session_id, prepared, self._overrides(want.overrides, prepared), want.expected, replace)
+
+    def _relayed(self, snapshots: list[Snapshot], states: list[SessionState | None]) -> list[FlushResult] | None:
+        """The flush committed by the process carrying other processes' writes (:mod:`eventlog.relay`);
+        None when this process commits it: it does more than extend each transcript, or no
+        other process carries."""
+        relay = self._relay
+        if relay is None:
+            return None
+        parts = []
+        for snapshot, state in zip(snapshots, states):
+            length, head = (state.length, state.head) if state else (0, ZERO)
+            prepared = snapshot.prepared
+            nodes = prepared.nodes
+            if (
+                snapshot.notes
+                or len(nodes) <= length
+                or (length and nodes[length - 1] != head)
+                or (snapshot.expected is not None and snapshot.expected != head)
+            ):
+                return None
+            parts.append(
+                Part(
+                    snapshot.session_id,
+                    length,
+                    head,
+                    bodies_from(prepared, length),
+                    b"".join(prepared.digests[length:]),
+                    b"".join(nodes[length:]),
+                    leading_summaries(prepared, length),
+                )
+            )
+        try:
+            return relay.send(parts)
+        except Uncertain:
+            # The carrier's commit may hold the flush: writing it again finds it stored if so
+            # (and writes nothing), and the sync makes what it found durable before returning.
+            results = self._write_flushes(snapshots, [part.length for part in parts])
+            if self._store.sync_meta:
+                self._store.sync()
+            return results
 
     def _write_flushes(self, snapshots: list[Snapshot], stored: list[int]) -> list[FlushResult]:
         """The write of a flush, with room reserved for the bodies after the ``stored`` ones."""
@@ -1021,6 +1084,11 @@ class EventLog:
             self._cache.discard(changes)
         self._after_write()
         return result
+
+    def _carried(self) -> None:
+        """Other processes' flushes were committed by this one: its projections catch up in the background."""
+        if self._projector is not None:
+            self._projector.poke(self._store.committed_seq)
 
     def _after_write(self) -> None:
         if self._projector is not None:

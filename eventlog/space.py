@@ -26,9 +26,10 @@ ZERO_STEP = 8 * MIB
 """Zeroing steps: half the data file's size, between these bounds; a new step starts when less
 than a quarter of one is left."""
 ZEROS = bytes(MIB)
-RESERVE_FROM = 4 * MIB
+RESERVE_FROM = 256 * 1024
 """Writes smaller than this skip :func:`reserved_size`: growing on ``MapFullError`` and
-retrying is cheap for them."""
+retrying is cheap for them.  A larger one (a bulk flush) grows the map ahead instead of
+running its whole body twice."""
 RETRY_AFTER = 1024
 """Commits without zeroing after a failed attempt (a full disk)."""
 

@@ -282,6 +282,8 @@ class Store:
         sync, sync_meta = DURABILITY[durability]
         self.sync_meta = sync_meta and not readonly
         """Whether commits' meta pages are synced by the log (``full``; see :meth:`sync`)."""
+        self.sync_data = sync
+        """Whether LMDB syncs a commit's data pages (``full`` and ``process``)."""
         self._close_sync_error: Exception | None = None
         self._close_synced = threading.Event()  # close() synced (or failed to: _close_sync_error)
         if not readonly:

@@ -167,7 +167,7 @@ class Writer:
         if state is None:
             state = self.open_session(batch, session_id)
         digests = prepared.digests
-        nodes = _chain(head, digests)
+        nodes = chain(head, digests)
         self.append_messages(batch, session_id, state, NewMessages(bodies_from(prepared, 0), digests, nodes))
         batch.save(session_id, state)
         return FlushResult(len(nodes), 0, length, state.head.hex(), seq=state.last_seq)
@@ -206,7 +206,7 @@ class Writer:
         old_notes = self.notes_in(txn, state.number, end, length)
         self.tombstone(batch, session_id, state, start, "compaction")
         digests = prepared.digests + [link[1] for link in tail]
-        nodes = _chain(state.head, digests)
+        nodes = chain(state.head, digests)
         bodies = bodies_from(prepared, 0) + [b""] * len(tail)
         carried = {len(prepared.bodies) + i: (link[2], link[3]) for i, link in enumerate(tail)}
         notes = {
@@ -372,11 +372,7 @@ class Writer:
                 f"session {session_id!r}: head is {_head_hex(length, head) or EMPTY_HEAD}, "
                 f"not the expected {expected.hex()}"
             )
-        summaries = 0
-        for index in prepared.kept[k:]:
-            if not _is_summary(prepared.raw[index]):
-                break
-            summaries += 1
+        summaries = leading_summaries(prepared, k)
         reason: ev.Reason | None = None
         if k < length:
             if k == 0 and not replace and not summaries:
@@ -449,6 +445,27 @@ class Writer:
             txn.put(note_key(state.number, position), nodes[position] + codec.encode(note), db=store.index)
         batch.save(session_id, state)
         return FlushResult(len(nodes) - k, tombstoned, k, _head_hex(state.length, state.head), seq=state.last_seq)
+
+    def extend(
+        self, txn: lmdb.Transaction, session_id: str, length: int, head: bytes, messages: NewMessages, now: int
+    ) -> FlushResult | None:
+        """Append ``messages`` to ``session_id`` if its stored transcript is still ``length``
+        messages ending in node ``head``; None, with nothing written, if it is not.
+
+        A flush that only extends the stored transcript, prepared in another process and
+        committed by this one (:mod:`eventlog.relay`): node digests chain every message to
+        those before it, so the head names the whole prefix the list was compared with.
+        """
+        state = self.store.session(txn, session_id)
+        stored = (state.length, state.head) if state else (0, ZERO)
+        if stored != (length, head):
+            return None
+        batch = Batch(self.store, txn, now)
+        if state is None:
+            state = self.open_session(batch, session_id)
+        self.append_messages(batch, session_id, state, messages)
+        batch.save(session_id, state)
+        return FlushResult(len(messages.nodes), 0, length, _head_hex(state.length, state.head), seq=state.last_seq)
 
     def common_prefix(self, txn: lmdb.Transaction, state: SessionState | None, nodes: list[bytes]) -> int:
         """Length of the longest common prefix of ``nodes`` and the stored live chain.
@@ -580,17 +597,27 @@ class Writer:
         end = start + len(prepared.digests)
         if end > state.length:
             return None
-        if end > start and self.store.link(txn, state.number, end - 1)[0] != _chain(expected, prepared.digests)[-1]:
+        if end > start and self.store.link(txn, state.number, end - 1)[0] != chain(expected, prepared.digests)[-1]:
             return None
         return end
 
 
-def _chain(parent: bytes, digests: list[bytes]) -> list[bytes]:
+def chain(parent: bytes, digests: list[bytes]) -> list[bytes]:
     nodes = []
     for digest in digests:
         parent = node_digest(parent, digest)
         nodes.append(parent)
     return nodes
+
+
+def leading_summaries(prepared: Prepared, k: int) -> int:
+    """How many of the kept messages from ``k`` on are compaction summaries, counted from ``k``."""
+    summaries = 0
+    for index in prepared.kept[k:]:
+        if not _is_summary(prepared.raw[index]):
+            break
+        summaries += 1
+    return summaries
 
 
 def _is_summary(message: Any) -> bool:

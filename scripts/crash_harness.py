@@ -164,7 +164,20 @@ def writer_main(cfg: dict[str, Any]) -> int:
                 position = len(current)
             lists[s] = wanted
             heads[s] = result.head
-            _send({"t": "ack", "s": s, "p": position, "u": uids, "h": result.head, "n": len(wanted)})
+            relay = log.info()
+            # "r": flushes another process committed for this one, "c": other processes' flushes it committed.
+            _send(
+                {
+                    "t": "ack",
+                    "s": s,
+                    "p": position,
+                    "u": uids,
+                    "h": result.head,
+                    "n": len(wanted),
+                    "r": relay["relayed"],
+                    "c": relay["carried"],
+                }
+            )
             if cfg.get("pause"):
                 time.sleep(cfg["pause"])
     return 0
@@ -197,6 +210,8 @@ class Result:
     kills: int = 0
     writer_kills: int = 0
     mid_write_kills: int = 0  # writer kills that came after the victim had acknowledged a write
+    relayed_acks: int = 0  # acknowledged flushes another writer process committed (eventlog/relay.py)
+    carrier_kills: int = 0  # writer kills of a process that was committing other processes' flushes
     projector_kills: int = 0
     incarnations: int = 0
     acks: int = 0
@@ -293,8 +308,12 @@ def run(
     max_delay: float = 0.12,
     projection: bool | None = None,
     progress: bool = False,
+    carriers: float = 0.0,
 ) -> Result:
-    """Run the harness in ``workdir`` (the log and projection are created there) and check the log."""
+    """Run the harness in ``workdir`` (the log and projection are created there) and check the log.
+
+    ``carriers``: the share of kills aimed at the writer that last said it committed other
+    writers' flushes (the relay's carrier), when there is one."""
     started = time.monotonic()
     workdir = Path(workdir)
     workdir.mkdir(parents=True, exist_ok=True)
@@ -364,6 +383,7 @@ def run(
         last_head[s] = line["h"]
 
     def absorb(w: int, proc: _Proc) -> None:
+        result.relayed_acks += max((line.get("r", 0) for line in proc.lines), default=0)
         for line in proc.lines:
             s = line.get("s")
             if line["t"] == "hello":
@@ -394,6 +414,10 @@ def run(
     projector = start_projector() if projection else None
     for i in range(kills):
         victim = rng.randrange(writers + (1 if projector else 0))
+        if carriers and rng.random() < carriers:
+            carrying = [w for w, proc in procs.items() if any(line.get("c") for line in list(proc.lines)[-5:])]
+            if carrying:
+                victim = rng.choice(carrying)
         target = projector if victim == writers else procs[victim]
         assert target is not None
         if rng.random() >= AT_START:
@@ -414,6 +438,7 @@ def run(
             proc.kill()
             absorb(victim, proc)
             result.mid_write_kills += any(line["t"] == "ack" for line in proc.lines)
+            result.carrier_kills += any(line.get("c") for line in proc.lines)
             code = proc.popen.returncode
             if code != -signal.SIGKILL:
                 # Keep going (a writer that failed is restarted like a killed one) so one
@@ -830,6 +855,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--sessions", type=int, default=3, help="sessions per writer")
     parser.add_argument("--max-delay", type=float, default=0.12, help="longest wait between kills, seconds")
     parser.add_argument("--seed", type=int, default=None)
+    parser.add_argument(
+        "--carriers", type=float, default=0.0, help="share of kills aimed at the writer committing others' flushes"
+    )
     parser.add_argument("--no-projection", action="store_true")
     parser.add_argument("--workdir", help="keep the logs here (default: a temporary directory, removed on success)")
     parser.add_argument("--json", help="write the results to this file")
@@ -881,6 +909,7 @@ def main(argv: list[str] | None = None) -> int:
             max_delay=args.max_delay,
             projection=False if args.no_projection else None,
             progress=True,
+            carriers=args.carriers,
         )
         results.append(outcome)
     print(
@@ -892,6 +921,9 @@ def main(argv: list[str] | None = None) -> int:
             f"{r.durability:8} {r.kills:6} {r.writer_kills:7} {r.mid_write_kills:6} {r.projector_kills:6} {r.acks:7} {r.retries:7} {r.messages_acked:10} {r.messages_checked:12} {r.events:8} {r.seconds:7.1f}  {verdict}"
         )
         print(f"{'':8} projection: {r.projection}")
+        print(
+            f"{'':8} relay: {r.relayed_acks} acknowledged flushes committed by another writer, {r.carrier_kills} kills of a writer committing others' flushes"
+        )
     if args.json:
         Path(args.json).write_text(
             json.dumps(

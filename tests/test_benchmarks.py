@@ -160,6 +160,7 @@ def test_concurrency_scenario(tmp_path: Path) -> None:
         "1 thread, trust mode",
         "2 threads, trust mode",
         "1 thread, 2 sessions per flush_many (one commit: the bound of grouping 2 processes)",
+        "2 processes, relay=False (each commits its own writes)",
         "1 thread, durability none (CPU bound)",
         "1 thread, trust mode, durability none (CPU bound)",
     ]

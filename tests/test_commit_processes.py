@@ -137,3 +137,14 @@ def test_many_writer_processes_killed_mid_commit_lose_and_duplicate_nothing(tmp_
     assert result.kills == 16
     assert result.mid_write_kills >= result.writer_kills // 2 > 0
     assert result.messages_acked > 100
+
+
+def test_carriers_killed_while_committing_other_processes_flushes_lose_and_duplicate_nothing(tmp_path: Path) -> None:
+    """Half the kills go to the writer committing the others' flushes (eventlog/relay.py): its
+    senders hear nothing, or an answer cut short, and write their flushes themselves."""
+    result = harness.run(
+        tmp_path, durability="full", kills=16, writers=4, sessions_per_writer=2, seed=22, max_delay=0.1, carriers=0.5
+    )
+    assert result.ok, result.problems
+    assert result.carrier_kills >= 3
+    assert result.relayed_acks > 50

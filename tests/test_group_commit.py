@@ -12,6 +12,7 @@ from eventlog import EMPTY_HEAD, ConflictError, EventLog, EventLogError, History
 from eventlog.commit import WAKE_POLL, GroupCommit, Request
 from eventlog.space import ZeroedSpace
 from eventlog.store import Store
+from eventlog.writer import Writer
 
 
 def end_commit_in_flight(store) -> None:
@@ -119,6 +120,23 @@ def test_map_growth_during_a_group_retries_every_write(tmp_path):
         results, _ = run_grouped(log, calls)
         assert all(r.appended == 10 for r in results)
         assert log.info()["map_size"] > 1 << 20
+        assert log.verify().ok
+
+
+def test_a_bulk_flush_grows_a_small_map_ahead_and_runs_its_write_once(tmp_path, monkeypatch):
+    runs: list[str] = []
+    real = Writer.flush
+
+    def counted(self: Writer, txn, snapshot, now=None):
+        runs.append(snapshot.session_id)
+        return real(self, txn, snapshot, now)
+
+    monkeypatch.setattr(Writer, "flush", counted)
+    with EventLog.open(tmp_path / "l", durability="none", map_size=1 << 20) as log:
+        messages = [user("x" * 2_000 + str(i)) for i in range(1000)]  # about 2 MB: twice the map
+        assert log.flush("bulk", messages).appended == 1000
+        assert runs == ["bulk"]  # not run once into a full map, then again
+        assert log.info()["map_size"] > 2 << 20
         assert log.verify().ok
 
 

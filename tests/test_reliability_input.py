@@ -250,7 +250,13 @@ def test_hostile_session_ids_are_stored_as_themselves_and_stay_inside_the_log(tm
         assert log.verify().ok
     created = {p for p in set(tmp_path.rglob("*")) - before}
     assert all(p == path or path in p.parents for p in created), sorted(map(str, created))
-    assert sorted(p.name for p in path.iterdir()) == ["data.mdb", "eventlog.id", "eventlog.open", "lock.mdb"]
+    assert sorted(p.name for p in path.iterdir()) == [
+        "data.mdb",
+        "eventlog.id",
+        "eventlog.open",
+        "eventlog.relay-full.lock",
+        "lock.mdb",
+    ]
 
 
 @pytest.mark.parametrize(
