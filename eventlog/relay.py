@@ -10,7 +10,7 @@ extends the stored transcript, send the carrier what it appends: the session, th
 head node it extends, the new messages' bodies, content digests and node digests.  The carrier
 runs every request it has when it is ready to write in one write of its group commit, each in
 a nested transaction, so they share its commit and its syncs, and answers each after the
-commit is durable.
+commit is durable (two of its threads commit in turn, so one's sync overlaps the next commit).
 
 What keeps it exact:
 
@@ -44,6 +44,7 @@ import errno
 import fcntl
 import logging
 import os
+import queue
 import selectors
 import socket
 import struct
@@ -68,6 +69,10 @@ logger = logging.getLogger(__name__)
 
 WAIT = 2.0
 """Seconds a sender waits for the carrier's answer before it writes the flush itself."""
+COMMITTERS = 2
+"""Threads of a carrier committing batches: one commits while the other syncs and answers."""
+WAKE_POLL = 0.1
+"""Seconds between the looks the gathering thread takes at whether the carrier is stopping."""
 RETRY = 1.0
 """Seconds before a process that could not set up the carrier's socket tries again."""
 MAX_REQUEST = 16 << 20
@@ -297,7 +302,14 @@ class Uncertain(Exception):
 
 
 class _Carrier:
-    """The thread that accepts other processes' requests and commits them with this process's writes."""
+    """The threads that accept other processes' requests and commit them with this process's writes.
+
+    One thread gathers requests from the connections and forms batches; two commit them, so
+    that one batch's meta-page sync and answers overlap the next batch's commit (the group
+    commit hands its lead on as a commit is done, before the sync).  The gathering thread owns
+    the connections and the selector; a committing thread that cannot answer a connection
+    leaves it in ``broken`` for the gathering thread to close.
+    """
 
     def __init__(self, relay: Relay, lock_fd: int) -> None:
         self.relay = relay
@@ -317,13 +329,22 @@ class _Carrier:
         self.selector.register(self.listener, selectors.EVENT_READ)
         self.selector.register(self.wake_r, selectors.EVENT_READ)
         self.buffers: dict[socket.socket, bytearray] = {}
+        self.lock = threading.Lock()  # guards own, broken, stopping and the relay's counter
         self.own: list[_Own] = []  # this process's flushes waiting for the next commit
-        self.lock = threading.Lock()
-        self.last = 0  # how many requests the last commit carried
+        self.broken: list[socket.socket] = []  # connections a committing thread could not answer
+        self.last = 0  # how many requests the last batch carried
         self.stopping = False
+        self.free = threading.Semaphore(COMMITTERS)  # committing threads not busy with a batch
+        self.batches: queue.SimpleQueue[list[tuple[socket.socket | _Own, Ask]] | None] = queue.SimpleQueue()
+        self.committers = [
+            threading.Thread(target=self._committer, name="eventlog-relay-commit", daemon=True)
+            for _ in range(COMMITTERS)
+        ]
         self.thread = threading.Thread(target=self._serve, name="eventlog-relay", daemon=True)
 
     def start(self) -> None:
+        for committer in self.committers:
+            committer.start()
         self.thread.start()
 
     def submit(self, parts: list[Part]) -> list[FlushResult] | None:
@@ -347,7 +368,7 @@ class _Carrier:
         return [FlushResult(*result) for result in answer.results]
 
     def stop(self) -> None:
-        """Stop the thread after the commit under way, and let go of the pipe (once, whoever calls)."""
+        """Stop the threads after the commits under way, and let go of the pipe (once, whoever calls)."""
         with self.lock:
             self.stopping = True
             wake, self.wake = self.wake, None
@@ -359,10 +380,6 @@ class _Carrier:
         except OSError:
             pass
         self.thread.join()
-        with self.lock:
-            for own in self.own:
-                own.done.set()  # never taken: written by its own process
-            self.own.clear()
         os.close(wake_r)
         os.close(wake_w)
 
@@ -377,7 +394,12 @@ class _Carrier:
             # Whatever ended the thread, nothing may be left listening with nobody reading: the
             # senders would wait for every answer until their deadline.  Closed, they are
             # refused at once and one of them carries instead.
-            self.stopping = True
+            with self.lock:
+                self.stopping = True
+            for _ in self.committers:
+                self.batches.put(None)
+            for committer in self.committers:
+                committer.join()  # the batches under way are committed and answered first
             self.listener.close()  # before the lock goes: the next carrier binds the name
             for conn in list(self.buffers):
                 conn.close()
@@ -386,21 +408,38 @@ class _Carrier:
             os.close(self.lock_fd)
             with self.lock:
                 for own in self.own:
-                    own.done.set()
+                    own.done.set()  # never taken: written by its own thread
                 self.own.clear()
 
     def _round(self) -> None:
-        """Gather the requests that are ready (and those a moment away), commit them, answer them."""
-        asks: list[tuple[socket.socket | _Own, Ask]] = []
-        self._gather(asks, None)
-        if asks and len(asks) < self.last:
-            # As many senders as the last commit carried were writing a moment ago: a short
-            # wait for those still preparing theirs shares this commit's syncs among them.
-            until = time.monotonic() + LINGER
-            while len(asks) < self.last and (left := until - time.monotonic()) > 0:
-                self._gather(asks, left)
-        self.last = len(asks)
-        if asks:
+        """Wait for a free committing thread, gather the requests that are ready (and those a
+        moment away), and hand them to it."""
+        while not self.free.acquire(timeout=WAKE_POLL):
+            if self.stopping:
+                return
+        handed = False
+        try:
+            asks: list[tuple[socket.socket | _Own, Ask]] = []
+            self._gather(asks, None)
+            if asks and len(asks) < self.last:
+                # As many senders as the last batch carried were writing a moment ago: a short
+                # wait for those still preparing theirs shares this commit's syncs among them.
+                until = time.monotonic() + LINGER
+                while len(asks) < self.last and (left := until - time.monotonic()) > 0:
+                    self._gather(asks, left)
+            self.last = len(asks)
+            if asks:
+                self.batches.put(asks)
+                handed = True
+        finally:
+            if not handed:
+                self.free.release()
+
+    def _committer(self) -> None:
+        while True:
+            asks = self.batches.get()
+            if asks is None:
+                return
             try:
                 self._commit(asks)
             except Exception:
@@ -409,7 +448,16 @@ class _Carrier:
                     if isinstance(conn, _Own):
                         conn.done.set()  # no answer: its flush is written by its thread
                     else:
-                        self._close(conn)
+                        self._broke(conn)
+            finally:
+                self.free.release()
+
+    def _broke(self, conn: socket.socket) -> None:
+        """Leave ``conn`` to the gathering thread to close (it owns the selector)."""
+        with self.lock:
+            self.broken.append(conn)
+            if not self.stopping:
+                os.write(self.wake_w, b"b")
 
     def _gather(self, asks: list[tuple[socket.socket | _Own, Ask]], timeout: float | None) -> None:
         for key, _ in self.selector.select(timeout):
@@ -424,6 +472,9 @@ class _Carrier:
                 with self.lock:
                     asks += [(own, own.ask) for own in self.own if not own.abandoned]
                     self.own.clear()
+                    broken, self.broken = self.broken, []
+                for conn in broken:
+                    self._close(conn)
             else:
                 assert isinstance(source, socket.socket)
                 asks += self._receive(source)
@@ -450,7 +501,9 @@ class _Carrier:
             conn.close()
 
     def _receive(self, conn: socket.socket) -> list[tuple[socket.socket | _Own, Ask]]:
-        buffer = self.buffers[conn]
+        buffer = self.buffers.get(conn)
+        if buffer is None:
+            return []
         try:
             chunk = conn.recv(1 << 20)
         except (BlockingIOError, InterruptedError):
@@ -521,8 +574,10 @@ class _Carrier:
         except Exception:
             logger.debug("a relayed write failed", exc_info=True)
             answers = [Answer(None)] * len(asks)
-        if any(answer.results is not None for answer in answers):
-            relay.carried += sum(a.results is not None for (c, _), a in zip(asks, answers) if not isinstance(c, _Own))
+        carried = sum(a.results is not None for (c, _), a in zip(asks, answers) if not isinstance(c, _Own))
+        if carried:
+            with self.lock:
+                relay.carried += carried
             if relay.on_carried is not None:
                 relay.on_carried()
         for (conn, _), answer in zip(asks, answers):
@@ -530,15 +585,15 @@ class _Carrier:
                 conn.answer = answer
                 conn.done.set()
                 continue
-            if conn not in self.buffers:
-                continue
+            frame = _frame(answer)
             try:
-                conn.setblocking(True)
-                conn.settimeout(WAIT)
-                conn.sendall(_frame(answer))
-                conn.setblocking(False)
+                # Non-blocking: a sender waits for its answer with room for it; one that does
+                # not read (it sends without waiting) is cut off rather than waited for.
+                sent = conn.send(frame)
             except OSError:
-                self._close(conn)
+                sent = -1
+            if sent != len(frame):
+                self._broke(conn)
 
 
 class _Own:
