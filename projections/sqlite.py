@@ -253,6 +253,8 @@ class SQLiteProjection:
         applied = 0
         for _ in range(PASSES):
             owner, last, last_hash, _ = self._db.execute(CHECKPOINT).fetchone()
+            if log.last_seq <= last:
+                break  # nothing landed meanwhile (the cheap question first)
             chunk = next(core.chunks(log.events(after=last), room), None)
             if chunk is None:
                 break
