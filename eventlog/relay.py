@@ -10,7 +10,7 @@ extends the stored transcript, send the carrier what it appends: the session, th
 head node it extends, the new messages' bodies, content digests and node digests.  The carrier
 runs every request it has when it is ready to write in one write of its group commit, each in
 a nested transaction, so they share its commit and its syncs, and answers each after the
-commit is durable.
+commit is durable (two of its threads commit in turn, so one's sync overlaps the next commit).
 
 What keeps it exact:
 
@@ -44,6 +44,7 @@ import errno
 import fcntl
 import logging
 import os
+import queue
 import selectors
 import socket
 import struct
@@ -68,6 +69,12 @@ logger = logging.getLogger(__name__)
 
 WAIT = 2.0
 """Seconds a sender waits for the carrier's answer before it writes the flush itself."""
+COMMITTERS = 2
+"""Threads of a carrier committing batches: one commits while the other syncs and answers."""
+WAKE_POLL = 0.1
+"""Seconds between the looks the gathering thread takes at whether the carrier is stopping."""
+RETRY = 1.0
+"""Seconds before a process that could not set up the carrier's socket tries again."""
 MAX_REQUEST = 16 << 20
 """Requests larger than this (in bytes of message bodies) are written by their own process."""
 LINGER = 0.002
@@ -137,6 +144,7 @@ class Relay:
         self._guard = threading.Lock()  # one request at a time on the connection
         self._conn: socket.socket | None = None
         self._carrier: _Carrier | None = None
+        self._next_carry = 0.0  # monotonic time before which this process does not try to carry again
         self._closed = False
         _RELAYS.add(self)
 
@@ -151,9 +159,12 @@ class Relay:
             return None
         carrier = self._carrier
         if carrier is not None:
-            # This process carries.  While others send to it, its own flushes join their
-            # commits; alone, they go through its group commit directly.
-            return carrier.submit(parts) if carrier.buffers else None
+            if not carrier.stopping:
+                # This process carries.  While others send to it, its own flushes join their
+                # commits; alone, they go through its group commit directly.
+                return carrier.submit(parts) if carrier.buffers else None
+            self._carrier = None  # its thread ended (logged): this process may carry anew, or send
+            carrier.stop()
         if not self._guard.acquire(blocking=False):
             return None  # another thread of this process is waiting on the carrier: commit here
         try:
@@ -233,7 +244,7 @@ class Relay:
             conn.connect(self._address)
         except OSError as e:
             conn.close()
-            if e.errno in (errno.ENOENT, errno.ECONNREFUSED):
+            if e.errno in (errno.ENOENT, errno.ECONNREFUSED) and time.monotonic() >= self._next_carry:
                 self._carry()  # no carrier: this process may become it
             return None
         if not _same_user(conn):
@@ -263,6 +274,7 @@ class Relay:
         try:
             carrier = _Carrier(self, fd)
         except OSError as e:
+            self._next_carry = time.monotonic() + RETRY
             logger.warning("%s: cannot carry other processes' flushes (%s)", self.store.path, e)
             os.close(fd)
             return
@@ -274,9 +286,9 @@ class Relay:
         self._closed = True
         with self._guard:
             self._drop()
-        if self._carrier is not None:
-            self._carrier.stop()
-            self._carrier = None
+        carrier, self._carrier = self._carrier, None
+        if carrier is not None:
+            carrier.stop()
 
     def forget(self) -> None:
         """In a child after ``fork()``: let go of the parent's sockets and files without touching them."""
@@ -290,7 +302,14 @@ class Uncertain(Exception):
 
 
 class _Carrier:
-    """The thread that accepts other processes' requests and commits them with this process's writes."""
+    """The threads that accept other processes' requests and commit them with this process's writes.
+
+    One thread gathers requests from the connections and forms batches; two commit them, so
+    that one batch's meta-page sync and answers overlap the next batch's commit (the group
+    commit hands its lead on as a commit is done, before the sync).  The gathering thread owns
+    the connections and the selector; a committing thread that cannot answer a connection
+    leaves it in ``broken`` for the gathering thread to close.
+    """
 
     def __init__(self, relay: Relay, lock_fd: int) -> None:
         self.relay = relay
@@ -305,28 +324,38 @@ class _Carrier:
             self.listener.close()
             raise
         self.wake_r, self.wake_w = os.pipe2(os.O_CLOEXEC | os.O_NONBLOCK)
+        self.wake: tuple[int, int] | None = (self.wake_r, self.wake_w)  # None once stop() let them go
         self.selector = selectors.DefaultSelector()
         self.selector.register(self.listener, selectors.EVENT_READ)
         self.selector.register(self.wake_r, selectors.EVENT_READ)
         self.buffers: dict[socket.socket, bytearray] = {}
+        self.lock = threading.Lock()  # guards own, broken, stopping and the relay's counter
         self.own: list[_Own] = []  # this process's flushes waiting for the next commit
-        self.lock = threading.Lock()
-        self.last = 0  # how many requests the last commit carried
+        self.broken: list[socket.socket] = []  # connections a committing thread could not answer
+        self.last = 0  # how many requests the last batch carried
         self.stopping = False
+        self.free = threading.Semaphore(COMMITTERS)  # committing threads not busy with a batch
+        self.batches: queue.SimpleQueue[list[tuple[socket.socket | _Own, Ask]] | None] = queue.SimpleQueue()
+        self.committers = [
+            threading.Thread(target=self._committer, name="eventlog-relay-commit", daemon=True)
+            for _ in range(COMMITTERS)
+        ]
         self.thread = threading.Thread(target=self._serve, name="eventlog-relay", daemon=True)
 
     def start(self) -> None:
+        for committer in self.committers:
+            committer.start()
         self.thread.start()
 
     def submit(self, parts: list[Part]) -> list[FlushResult] | None:
         """Commit this process's ``parts`` with the requests of the next commit; as :meth:`Relay.send`."""
         own = _Own(Ask(float("inf"), parts))
-        with self.lock:
+        with self.lock:  # the pipe is open while the carrier is not stopping (stop() takes this lock)
             if self.stopping:
                 return None
             self.own.append(own)
-        try:
             os.write(self.wake_w, b"o")
+        try:
             while not own.done.wait(WAIT):
                 if not self.thread.is_alive():
                     raise Uncertain
@@ -339,45 +368,96 @@ class _Carrier:
         return [FlushResult(*result) for result in answer.results]
 
     def stop(self) -> None:
-        self.stopping = True
+        """Stop the threads after the commits under way, and let go of the pipe (once, whoever calls)."""
+        with self.lock:
+            self.stopping = True
+            wake, self.wake = self.wake, None
+        if wake is None:
+            return
+        wake_r, wake_w = wake
         try:
-            os.write(self.wake_w, b"x")
+            os.write(wake_w, b"x")
         except OSError:
             pass
         self.thread.join()
-        with self.lock:
-            for own in self.own:
-                own.done.set()  # never taken: written by its own process
-            self.own.clear()
-        self.listener.close()  # before the lock goes: the next carrier binds the name
-        for conn in list(self.buffers):
-            conn.close()
-        self.selector.close()
-        os.close(self.wake_r)
-        os.close(self.wake_w)
-        os.close(self.lock_fd)
+        os.close(wake_r)
+        os.close(wake_w)
 
     def _serve(self) -> None:
-        while not self.stopping:
+        try:
+            while not self.stopping:
+                self._round()
+        except BaseException:
+            if not self.stopping:
+                logger.exception("%s: stopped carrying other processes' flushes", self.relay.store.path)
+        finally:
+            # Whatever ended the thread, nothing may be left listening with nobody reading: the
+            # senders would wait for every answer until their deadline.  Closed, they are
+            # refused at once and one of them carries instead.
+            with self.lock:
+                self.stopping = True
+            for _ in self.committers:
+                self.batches.put(None)
+            for committer in self.committers:
+                committer.join()  # the batches under way are committed and answered first
+            self.listener.close()  # before the lock goes: the next carrier binds the name
+            for conn in list(self.buffers):
+                conn.close()
+            self.buffers.clear()
+            self.selector.close()
+            os.close(self.lock_fd)
+            with self.lock:
+                for own in self.own:
+                    own.done.set()  # never taken: written by its own thread
+                self.own.clear()
+
+    def _round(self) -> None:
+        """Wait for a free committing thread, gather the requests that are ready (and those a
+        moment away), and hand them to it."""
+        while not self.free.acquire(timeout=WAKE_POLL):
+            if self.stopping:
+                return
+        handed = False
+        try:
             asks: list[tuple[socket.socket | _Own, Ask]] = []
             self._gather(asks, None)
             if asks and len(asks) < self.last:
-                # As many senders as the last commit carried were writing a moment ago: a short
+                # As many senders as the last batch carried were writing a moment ago: a short
                 # wait for those still preparing theirs shares this commit's syncs among them.
                 until = time.monotonic() + LINGER
                 while len(asks) < self.last and (left := until - time.monotonic()) > 0:
                     self._gather(asks, left)
             self.last = len(asks)
             if asks:
-                try:
-                    self._commit(asks)
-                except Exception:
-                    logger.exception("%s: carrying other processes' flushes failed", self.relay.store.path)
-                    for conn, _ in asks:
-                        if isinstance(conn, _Own):
-                            conn.done.set()  # no answer: its flush is written by its thread
-                        else:
-                            self._close(conn)
+                self.batches.put(asks)
+                handed = True
+        finally:
+            if not handed:
+                self.free.release()
+
+    def _committer(self) -> None:
+        while True:
+            asks = self.batches.get()
+            if asks is None:
+                return
+            try:
+                self._commit(asks)
+            except Exception:
+                logger.exception("%s: carrying other processes' flushes failed", self.relay.store.path)
+                for conn, _ in asks:
+                    if isinstance(conn, _Own):
+                        conn.done.set()  # no answer: its flush is written by its thread
+                    else:
+                        self._broke(conn)
+            finally:
+                self.free.release()
+
+    def _broke(self, conn: socket.socket) -> None:
+        """Leave ``conn`` to the gathering thread to close (it owns the selector)."""
+        with self.lock:
+            self.broken.append(conn)
+            if not self.stopping:
+                os.write(self.wake_w, b"b")
 
     def _gather(self, asks: list[tuple[socket.socket | _Own, Ask]], timeout: float | None) -> None:
         for key, _ in self.selector.select(timeout):
@@ -392,6 +472,9 @@ class _Carrier:
                 with self.lock:
                     asks += [(own, own.ask) for own in self.own if not own.abandoned]
                     self.own.clear()
+                    broken, self.broken = self.broken, []
+                for conn in broken:
+                    self._close(conn)
             else:
                 assert isinstance(source, socket.socket)
                 asks += self._receive(source)
@@ -418,7 +501,9 @@ class _Carrier:
             conn.close()
 
     def _receive(self, conn: socket.socket) -> list[tuple[socket.socket | _Own, Ask]]:
-        buffer = self.buffers[conn]
+        buffer = self.buffers.get(conn)
+        if buffer is None:
+            return []
         try:
             chunk = conn.recv(1 << 20)
         except (BlockingIOError, InterruptedError):
@@ -489,8 +574,10 @@ class _Carrier:
         except Exception:
             logger.debug("a relayed write failed", exc_info=True)
             answers = [Answer(None)] * len(asks)
-        if any(answer.results is not None for answer in answers):
-            relay.carried += sum(a.results is not None for (c, _), a in zip(asks, answers) if not isinstance(c, _Own))
+        carried = sum(a.results is not None for (c, _), a in zip(asks, answers) if not isinstance(c, _Own))
+        if carried:
+            with self.lock:
+                relay.carried += carried
             if relay.on_carried is not None:
                 relay.on_carried()
         for (conn, _), answer in zip(asks, answers):
@@ -498,15 +585,15 @@ class _Carrier:
                 conn.answer = answer
                 conn.done.set()
                 continue
-            if conn not in self.buffers:
-                continue
+            frame = _frame(answer)
             try:
-                conn.setblocking(True)
-                conn.settimeout(WAIT)
-                conn.sendall(_frame(answer))
-                conn.setblocking(False)
+                # Non-blocking: a sender waits for its answer with room for it; one that does
+                # not read (it sends without waiting) is cut off rather than waited for.
+                sent = conn.send(frame)
             except OSError:
-                self._close(conn)
+                sent = -1
+            if sent != len(frame):
+                self._broke(conn)
 
 
 class _Own:

@@ -511,6 +511,11 @@ def apply_chunk(
     return fresh[-1]
 
 
+def size(records: Sequence[Record]) -> int:
+    """How many messages ``records`` count for :func:`chunks` (an event counts at least one)."""
+    return sum(max(1, len(r.event.bodies)) if type(r.event) is ev.MessagesAppended else 1 for r in records)
+
+
 def chunks(records: Iterable[Record], batch: int) -> Iterator[list[Record]]:
     """``records`` in chunks of about ``batch`` messages (an event counts at least one).
 
@@ -547,4 +552,5 @@ __all__ = [
     "check_source",
     "chunks",
     "redaction_after",
+    "size",
 ]

@@ -51,6 +51,9 @@ SNIPPET_MARKS = ("**", "**")
 
 CHECKPOINT = "SELECT log_id, last_seq, last_hash, indexed_upto FROM checkpoint"
 
+PASSES = 3
+"""How many times a catch-up takes, in the same transaction, the writes made while it applied."""
+
 
 class SQLiteProjection:
     """A SQLite transcript of an event log: sessions, message rows, full-text search.
@@ -185,7 +188,8 @@ class SQLiteProjection:
         transactions of about ``batch`` messages, each recording the checkpoint with
         the rows, under ``BEGIN IMMEDIATE``; the checkpoint is read again inside the
         transaction, so processes catching up the same file never apply an event
-        twice.  Returns 0 when the projection is already current.
+        twice.  Writes that land while the log's last events are applied join their
+        transaction (:data:`PASSES`).  Returns 0 when the projection is already current.
 
         After a redaction of a message this projection already applied (the log
         rewrote the events it holds), the projection is rebuilt into a fresh file that
@@ -224,12 +228,40 @@ class SQLiteProjection:
                 self._claim(log_id, owner)
                 checkpoint = Checkpoint(owner, last, last_hash)
                 store = SQLiteStore(self._db, indexed)
-                applied += self._apply_chunk(store, Applier(store, log=log), checkpoint, chunk)
+                applier = Applier(store, log=log)
+                applied += self._apply_chunk(store, applier, checkpoint, chunk)
+                used = core.size(chunk)
+                if used < self.batch:  # the log's last events: take the writes made meanwhile too
+                    applied += self._apply_meanwhile(store, applier, self.batch - used)
                 self._index(force=False)
         if not found:
             # Nothing after the checkpoint: the log may end before it (an older copy).  When
             # events follow it, the log goes on past it, and their chain is checked instead.
             core.check_source(self.path, checkpoint, log)
+        return applied
+
+    def _apply_meanwhile(self, store: SQLiteStore, applier: Applier, room: int) -> int:
+        """Apply, in the open transaction, the writes that landed while it applied the events before.
+
+        Up to :data:`PASSES` times, each taking what arrived during the last, within ``room``
+        messages (the transaction stays within about ``batch``): under sustained writes a round
+        then ends holding them, in one commit, and the round a reader waits for next has less
+        left to apply.
+        """
+        log = applier.log
+        assert log is not None
+        applied = 0
+        for _ in range(PASSES):
+            owner, last, last_hash, _ = self._db.execute(CHECKPOINT).fetchone()
+            if log.last_seq <= last:
+                break  # nothing landed meanwhile (the cheap question first)
+            chunk = next(core.chunks(log.events(after=last), room), None)
+            if chunk is None:
+                break
+            applied += self._apply_chunk(store, applier, Checkpoint(owner, last, last_hash), chunk)
+            room -= core.size(chunk)
+            if room <= 0:
+                break
         return applied
 
     def rebuild(self, log: Source, *, exclusive: bool | None = None) -> int:

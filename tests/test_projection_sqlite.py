@@ -1285,3 +1285,36 @@ def test_a_redaction_of_a_body_the_log_does_not_hold_is_refused_as_corrupt(log: 
     with SQLiteProjection(tmp_path / "p.db") as proj:
         with pytest.raises(ProjectionCorruptError, match=r"redacted body \(3, 0\) is not a message the log holds"):
             proj.catch_up(_ForgedRedaction(log, (3, 0)))
+
+
+class WritesMeanwhile:
+    """The log as a projection reads it, with another write landing each time its events run out
+    (``writes`` times): as a writer does while a catch-up applies what it read."""
+
+    def __init__(self, log: EventLog, writes: int) -> None:
+        self.log = log
+        self.writes = writes
+        self.id = log.id
+
+    @property
+    def last_seq(self) -> int:
+        return self.log.last_seq
+
+    def events(self, after: int = 0) -> Any:
+        yield from self.log.events(after=after)
+        if self.writes:
+            self.writes -= 1
+            self.log.append("s", [{"role": "user", "content": f"meanwhile {self.writes}"}])
+
+
+def test_writes_landing_during_a_catch_up_join_its_transaction(tmp_path: Path) -> None:
+    with EventLog.open(tmp_path / "log", durability="none") as log, SQLiteProjection(tmp_path / "p.db") as proj:
+        log.append("s", [{"role": "user", "content": "first"}])
+        source = WritesMeanwhile(log, writes=2)
+        commits = []
+        proj._db.set_trace_callback(lambda sql: commits.append(sql) if sql == "COMMIT" else None)
+        assert proj.catch_up(source) == log.last_seq  # the first write, and the two made while it was applied
+        assert len(commits) == 2  # claiming the log, then one transaction for the three writes
+        assert [m["content"] for m in proj.messages("s")] == ["first", "meanwhile 1", "meanwhile 0"]
+        assert proj.last_seq == log.last_seq
+        assert proj.catch_up(log) == 0

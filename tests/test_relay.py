@@ -302,3 +302,28 @@ def test_a_log_opened_without_the_relay_neither_sends_nor_carries(tmp_path: Path
     with EventLog.open(path, relay=False) as log:
         log.flush("t", turns("t", 1))  # nobody carries now: it would become the carrier
         assert log._relay is None
+
+
+def test_a_carrier_whose_thread_fails_stops_listening_and_another_carries(tmp_path: Path) -> None:
+    """Nothing may be left listening with nobody reading: senders would wait out every deadline."""
+    path = tmp_path / "log"
+    with EventLog.open(path) as log:
+        log.flush("mine", turns("c", 1))
+        relay = log._relay
+        assert relay is not None and relay._carrier is not None
+        carrier = relay._carrier
+
+        def broken(*args: object) -> None:
+            raise RuntimeError("a carrier bug")
+
+        carrier._round = broken  # type: ignore[method-assign]
+        os.write(carrier.wake_w, b"x")  # wake the thread into the broken round
+        carrier.thread.join(timeout=10)
+        assert not carrier.thread.is_alive()
+        with Child(KILLED_CARRIER, str(path)) as other:
+            other.wait_ready()  # refused at once, so it carries now
+            began = time.monotonic()
+            log.flush("s", turns("s", 1))
+            assert time.monotonic() - began < relaying.WAIT
+            assert log.info()["relayed"] == 1
+        assert log.messages("s") == turns("s", 1)
