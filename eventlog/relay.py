@@ -69,6 +69,14 @@ logger = logging.getLogger(__name__)
 
 WAIT = 2.0
 """Seconds a sender waits for the carrier's answer before it writes the flush itself."""
+BUSY = 0.5
+"""A carrier whose other threads kept more than this share of a core busy (its own Python, which
+holds the GIL its threads need for every step) over two looks in a row stops carrying: its
+senders' flushes would wait on its GIL."""
+LOOK_EVERY = 0.5
+"""Seconds between a carrier's looks at how busy its process is."""
+RESIGNED = 30.0
+"""Seconds a process that stopped carrying because it was busy leaves carrying to others."""
 COMMITTERS = 2
 """Threads of a carrier committing batches: one commits while the other syncs and answers."""
 WAKE_POLL = 0.1
@@ -341,6 +349,9 @@ class _Carrier:
             for _ in range(COMMITTERS)
         ]
         self.thread = threading.Thread(target=self._serve, name="eventlog-relay", daemon=True)
+        self.idents: list[int] = []  # the carrier's threads, whose CPU time is not the process's own work
+        self.looked = (time.monotonic(), time.process_time(), 0.0)  # wall, process CPU, carrier CPU
+        self.busy_looks = 0
 
     def start(self) -> None:
         for committer in self.committers:
@@ -384,9 +395,17 @@ class _Carrier:
         os.close(wake_w)
 
     def _serve(self) -> None:
+        self.idents.append(threading.get_ident())
         try:
             while not self.stopping:
                 self._round()
+                if self._busy():
+                    self.relay._next_carry = time.monotonic() + RESIGNED
+                    logger.info(
+                        "%s: this process is too busy to carry other processes' flushes; it leaves that to them",
+                        self.relay.store.path,
+                    )
+                    return
         except BaseException:
             if not self.stopping:
                 logger.exception("%s: stopped carrying other processes' flushes", self.relay.store.path)
@@ -411,6 +430,27 @@ class _Carrier:
                     own.done.set()  # never taken: written by its own thread
                 self.own.clear()
 
+    def _busy(self) -> bool:
+        """Whether the process's own threads kept its GIL busy at the last two looks (see :data:`BUSY`)."""
+        now = time.monotonic()
+        wall, cpu, carrying = self.looked
+        if now - wall < LOOK_EVERY:
+            return False
+        cpu_now, carrying_now = time.process_time(), self._carrier_cpu()
+        self.looked = (now, cpu_now, carrying_now)
+        share = ((cpu_now - cpu) - (carrying_now - carrying)) / (now - wall)
+        self.busy_looks = self.busy_looks + 1 if share > BUSY else 0
+        return self.busy_looks >= 2
+
+    def _carrier_cpu(self) -> float:
+        total = 0.0
+        for ident in self.idents:
+            try:
+                total += time.clock_gettime(time.pthread_getcpuclockid(ident))
+            except OSError:
+                pass
+        return total
+
     def _round(self) -> None:
         """Wait for a free committing thread, gather the requests that are ready (and those a
         moment away), and hand them to it."""
@@ -420,7 +460,7 @@ class _Carrier:
         handed = False
         try:
             asks: list[tuple[socket.socket | _Own, Ask]] = []
-            self._gather(asks, None)
+            self._gather(asks, LOOK_EVERY)
             if asks and len(asks) < self.last:
                 # As many senders as the last batch carried were writing a moment ago: a short
                 # wait for those still preparing theirs shares this commit's syncs among them.
@@ -436,6 +476,7 @@ class _Carrier:
                 self.free.release()
 
     def _committer(self) -> None:
+        self.idents.append(threading.get_ident())
         while True:
             asks = self.batches.get()
             if asks is None:

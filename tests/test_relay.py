@@ -327,3 +327,39 @@ def test_a_carrier_whose_thread_fails_stops_listening_and_another_carries(tmp_pa
             assert time.monotonic() - began < relaying.WAIT
             assert log.info()["relayed"] == 1
         assert log.messages("s") == turns("s", 1)
+
+
+BUSY_CARRIER = """
+import sys
+from eventlog import EventLog
+log = EventLog.open(sys.argv[1])
+log.flush("carrier", [{"role": "user", "content": "first"}])
+print("ready", flush=True)
+x = 0
+while True:  # the process's own Python keeps its GIL busy
+    x = (x * 31 + 7) % 1000003
+"""
+
+
+def test_a_carrier_busy_with_its_own_python_leaves_carrying_to_others(tmp_path: Path) -> None:
+    """Its threads would wait on its GIL for every step of every sender's flush: after two looks
+    at how busy it is, it stops carrying, and the sender carries (here: commits its own)."""
+    path = tmp_path / "log"
+    messages = turns("s", 400)
+    with Child(BUSY_CARRIER, str(path)) as carrier:
+        carrier.wait_ready()
+        with EventLog.open(path) as log:
+            relay = log._relay
+            assert relay is not None
+            deadline = time.monotonic() + 20
+            i = 0
+            while relay._carrier is None:
+                assert time.monotonic() < deadline, "the busy carrier kept carrying"
+                i += 1
+                log.flush("s", messages[:i])
+                time.sleep(0.01)
+            assert relay.sent > 0  # the busy process carried at first
+            sent = relay.sent
+            log.flush("s", messages[: i + 1])
+            assert relay.sent == sent
+            assert log.messages("s") == messages[: i + 1]
