@@ -39,6 +39,8 @@ import threading
 from pathlib import Path
 from typing import Any
 
+import lmdb
+
 from benchmarks.harness import now_ns, quiet_gc, run_main, scratch, summary, table
 from benchmarks.workload import MESSAGES_PER_TURN, Workload
 from eventlog import EventLog
@@ -131,6 +133,23 @@ def _processes(path: Path, count: int, turns: int, relay: bool = True) -> tuple[
     return _combine(results)
 
 
+def _transactions(path: Path) -> int:
+    """Write transactions committed on the log so far, by every process (LMDB's transaction id)."""
+    env = lmdb.open(str(path), subdir=True, readonly=True, lock=False, max_dbs=8)
+    try:
+        return int(env.info()["last_txnid"])
+    finally:
+        env.close()
+
+
+def _opening_cost(path: Path) -> tuple[int, int]:
+    """Create the log at ``path``; the transactions made so far, and those one more open makes."""
+    EventLog.open(path).close()
+    before = _transactions(path)
+    EventLog.open(path).close()
+    return _transactions(path), _transactions(path) - before
+
+
 def _combine(results: list[tuple[int, int, list[int]]]) -> tuple[int, list[int]]:
     # perf_counter_ns is CLOCK_MONOTONIC on Linux: comparable across processes.
     wall = max(end for _, end, _ in results) - min(began for began, _, _ in results)
@@ -163,22 +182,25 @@ def run(
     # The CPU bound: one writer with no sync to wait for.  Threads share one GIL, so however
     # well their syncs are grouped, together they write hardly faster than this.
     cases += [("threads", 1, trust, "none") for trust in (False, True)]
-    runs: dict[tuple[str, int, bool, str], list[tuple[float, list[int]]]] = {case: [] for case in cases}
+    runs: dict[tuple[str, int, bool, str], list[tuple[float, list[int], int]]] = {case: [] for case in cases}
     order = random.Random(7)
     with scratch(scratch_dir, "concurrency-") as root:
         for round_ in range(samples):
             for kind, n, trust, durability in order.sample(cases, len(cases)):
                 path = root / f"{kind}-{n}{'-trust' if trust else ''}-{durability}-{round_}"
+                made, per_open = _opening_cost(path)
                 if kind == "threads":
                     wall, latencies = _threads(path, n, turns, trust, durability)
                 elif kind == "batched":
                     wall, latencies = _batched(path, n, turns)
                 else:
                     wall, latencies = _processes(path, n, turns, relay=kind == "processes")
+                opens = n if kind in ("processes", "unrelayed") else 1
+                commits = _transactions(path) - made - opens * per_open
                 with EventLog.open(path) as log:
                     stored = sum(len(log.messages(f"writer-{w}")) for w in range(n))
                 assert stored == n * turns * MESSAGES_PER_TURN, f"{kind}={n}: {stored} messages stored"
-                runs[(kind, n, trust, durability)].append((stored / (wall / 1e9), latencies))
+                runs[(kind, n, trust, durability)].append((stored / (wall / 1e9), latencies, commits))
                 shutil.rmtree(path)
     rows: list[dict[str, Any]] = []
     for (kind, n, trust, durability), done in runs.items():
@@ -189,11 +211,14 @@ def run(
             name = f"{n} processes, relay=False (each commits its own writes)"
         if durability != "full":
             name += f", durability {durability} (CPU bound)"
-        rates = sorted(rate for rate, _ in done)
+        rates = sorted(rate for rate, _, _ in done)
         row = {"system": name, "writers": n, "kind": kind, "trust": trust, "durability": durability}
-        row.update(summary([s for _, latencies in done for s in latencies], MESSAGES_PER_TURN))
+        row.update(summary([s for _, latencies, _ in done for s in latencies], MESSAGES_PER_TURN))
         row["aggregate_msgs_per_s"] = statistics.median(rates)
-        row["rates"] = [rate for rate, _ in done]
+        row["rates"] = [rate for rate, _, _ in done]
+        # Flushes per LMDB commit over every run: how far writes shared commits (the clock plays no part).
+        flushes = len(done) * (n if kind != "batched" else 1) * turns
+        row["flushes_per_commit"] = flushes / max(1, sum(commits for _, _, commits in done))
         row["spread"] = f"{rates[0]:,.0f}-{rates[-1]:,.0f}"
         row["p99_over_p50"] = row["p99_ms"] / row["median_ms"] if row["median_ms"] else None
         rows.append(row)
@@ -221,6 +246,7 @@ COLUMNS = [
     ("x_single", "x 1 writer"),
     ("x_single_range", "x range (same round)"),
     ("p99_over_p50", "p99/p50"),
+    ("flushes_per_commit", "flushes per commit"),
 ]
 
 

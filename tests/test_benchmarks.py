@@ -166,6 +166,9 @@ def test_concurrency_scenario(tmp_path: Path) -> None:
     ]
     ratios = {row["system"]: row["x_single"] for row in result["rows"]}
     assert ratios["1 thread"] == ratios["1 thread, trust mode"] == 1  # each mode's durable writer
+    per_commit = {row["system"]: row["flushes_per_commit"] for row in result["rows"]}
+    # Counted from LMDB's transaction ids: one writer, or processes each committing their own, one commit a flush.
+    assert per_commit["1 thread"] == per_commit["2 processes, relay=False (each commits its own writes)"] == 1
     batched = next(row for row in result["rows"] if row["kind"] == "batched")
     assert batched["writers"] == 2 and len(batched["rates"]) == 2  # run() checked what it stored
     print(bench_concurrency.render(result))

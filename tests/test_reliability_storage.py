@@ -616,3 +616,41 @@ def test_opening_a_log_on_a_full_disk_is_storage_full_not_sigbus(tmpfs: Path, ca
         with EventLog.open(path) as log:
             assert log.messages("s") == [{"role": "user", "content": "stored"}]
             assert log.verify().ok
+
+
+CARRIER = """
+import sys, time
+from eventlog import EventLog
+log = EventLog.open(sys.argv[1])
+log.flush("carrier", [{"role": "user", "content": "first"}])
+print("ready", flush=True)
+time.sleep(600)
+"""
+
+
+def test_a_full_disk_under_a_carrier_is_the_same_storage_full_error_and_the_spill_holds_the_flush(
+    tmpfs: Path,
+) -> None:
+    """The carrier (another process, eventlog/relay.py) cannot write the flush either: its
+    sender writes it itself and hears the error a log without a carrier gives, so spilling works."""
+    from crashkit import Child
+
+    from eventlog.spill import SpillingWriter, recover
+
+    (tmpfs / "filler").write_bytes(b"x" * 1_000_000)
+    path = tmpfs / "log"
+    with Child(CARRIER, str(path)) as carrier:
+        carrier.wait_ready()
+        with EventLog.open(path) as log:
+            transcript: list[dict[str, object]] = []
+            error = _fill(log, "s", transcript)
+            assert isinstance(error, StorageFullError), f"{type(error).__name__}: {error}"
+            assert log.info()["relayed"] > 0  # the flushes before went through the carrier
+            spilled = SpillingWriter(log, tmpfs.parent / "spill").flush("s", [*transcript, _big(99_999, 50_000)])
+            assert spilled.spilled
+            assert log.verify().ok
+    (tmpfs / "filler").unlink()
+    with EventLog.open(path) as log:
+        recover(log, tmpfs.parent / "spill")
+        assert len(log.messages("s")) == len(transcript) + 1
+        assert log.verify().ok
