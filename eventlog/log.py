@@ -526,7 +526,7 @@ class EventLog:
         None when this process commits it: it does more than extend each transcript, or no
         other process carries."""
         relay = self._relay
-        if relay is None:
+        if relay is None or relay.idle():
             return None
         parts = []
         for snapshot, state in zip(snapshots, states):

@@ -82,7 +82,8 @@ COMMITTERS = 2
 WAKE_POLL = 0.1
 """Seconds between the looks the gathering thread takes at whether the carrier is stopping."""
 RETRY = 1.0
-"""Seconds before a process that could not set up the carrier's socket tries again."""
+"""Seconds before a process that found no carrier (and could not become it) looks again, or one
+that could not set up the carrier's socket tries again."""
 MAX_REQUEST = 16 << 20
 """Requests larger than this (in bytes of message bodies) are written by their own process."""
 LINGER = 0.002
@@ -153,10 +154,20 @@ class Relay:
         self._conn: socket.socket | None = None
         self._carrier: _Carrier | None = None
         self._next_carry = 0.0  # monotonic time before which this process does not try to carry again
+        self._next_try = 0.0  # monotonic time before which it does not look for a carrier again
         self._closed = False
         _RELAYS.add(self)
 
     # -- sending -----------------------------------------------------------------
+
+    def idle(self) -> bool:
+        """Whether a flush would certainly be committed here: this process carries and nobody
+        sends to it (so a flush need not be put into a request first)."""
+        carrier = self._carrier
+        if carrier is None:
+            # No carrier here, and none found a moment ago: look again only every RETRY seconds.
+            return self._closed or (self._conn is None and time.monotonic() < self._next_try)
+        return self._closed or (not carrier.stopping and not carrier.buffers)
 
     def send(self, parts: list[Part]) -> list[FlushResult] | None:
         """Have the carrier commit ``parts``; their results, or None: write them here.
@@ -254,6 +265,8 @@ class Relay:
             conn.close()
             if e.errno in (errno.ENOENT, errno.ECONNREFUSED) and time.monotonic() >= self._next_carry:
                 self._carry()  # no carrier: this process may become it
+            if self._carrier is None:
+                self._next_try = time.monotonic() + RETRY
             return None
         if not _same_user(conn):
             conn.close()  # anyone may bind an abstract name: only this user's carrier is heard
