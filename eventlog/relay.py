@@ -81,6 +81,8 @@ COMMITTERS = 2
 """Threads of a carrier committing batches: one commits while the other syncs and answers."""
 WAKE_POLL = 0.1
 """Seconds between the looks the gathering thread takes at whether the carrier is stopping."""
+SOON = 0.01
+"""Seconds before a process that found the carrier's lock held but no socket yet looks again."""
 RETRY = 1.0
 """Seconds before a process that found no carrier (and could not become it) looks again, or one
 that could not set up the carrier's socket tries again."""
@@ -263,13 +265,19 @@ class Relay:
             conn.connect(self._address)
         except OSError as e:
             conn.close()
-            if e.errno in (errno.ENOENT, errno.ECONNREFUSED) and time.monotonic() >= self._next_carry:
+            now = time.monotonic()
+            if e.errno not in (errno.ENOENT, errno.ECONNREFUSED):
+                self._next_try = now + RETRY
+            elif now >= self._next_carry:
                 self._carry()  # no carrier: this process may become it
-            if self._carrier is None:
-                self._next_try = time.monotonic() + RETRY
+                if self._carrier is None:
+                    self._next_try = now + SOON  # another process holds the lock: it is binding the socket
+            else:
+                self._next_try = now + RETRY  # this process left carrying to others, and none carries
             return None
         if not _same_user(conn):
             conn.close()  # anyone may bind an abstract name: only this user's carrier is heard
+            self._next_try = time.monotonic() + RETRY
             return None
         self._conn = conn
         return conn
