@@ -78,7 +78,7 @@ def _process_writer(path: str, writer: int, turns: int, barrier: Any, out: Any, 
 
 def _batched(path: Path, count: int, turns: int) -> tuple[int, list[int]]:
     """One thread writing the turns of ``count`` sessions, one turn of each per ``flush_many``
-    call: the commits that group commit across processes would make."""
+    call: every turn of theirs in one commit, the most the relay's sharing of commits can reach."""
     plans = [_turns(w, turns) for w in range(count)]
     samples: list[int] = []
     with EventLog.open(path) as log, quiet_gc():
