@@ -8,6 +8,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
+from factories import with_or_without_plain
 
 from eventlog import EventLog, codec
 
@@ -23,12 +24,7 @@ not start) fails the run instead of passing it quietly."""
 @pytest.fixture(params=["C walk", "pure-Python passes"])
 def batch_check(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
     """Runs a test with each implementation of the batch check of message values."""
-    if request.param == "C walk":
-        if codec._plain is None:
-            pytest.skip("eventlog._plain was not built (no C compiler)")
-    else:
-        monkeypatch.setattr(codec, "_plain", None)
-    return str(request.param)
+    return with_or_without_plain(codec, request, monkeypatch)
 
 
 @pytest.fixture

@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 
 import pytest
+from factories import with_or_without_plain
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -19,12 +20,7 @@ digests = st.binary(min_size=32, max_size=32)
 
 @pytest.fixture(params=["C loop", "pure-Python maps"])
 def entries_built(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
-    if request.param == "C loop":
-        if keys._plain is None:
-            pytest.skip("eventlog._plain was not built (no C compiler)")
-    else:
-        monkeypatch.setattr(keys, "_plain", None)
-    return str(request.param)
+    return with_or_without_plain(keys, request, monkeypatch)
 
 
 @needs_c
