@@ -163,6 +163,7 @@ class GroupCommit:
         self.commits = 0
         self.grouped_writes = 0
         self.synced = 0  # commits known synced (durability full: their meta pages)
+        self.durable_seq = 0  # events known synced, whoever committed them (see durable_through)
         self.sync_lock = threading.Lock()  # one sync at a time; those queued behind it often need none
         self.map_filled_by: Request | None = None  # the write a group's map ran out of room in
         self.local = _PerThread()
@@ -385,6 +386,7 @@ class GroupCommit:
             if request.commit <= self.synced:
                 return
             covered = self.commits  # committed before the sync starts: all of them are in it
+            seq = self.tip.committed[0]
             try:
                 self.target.sync()
             except (lmdb.Error, OSError) as e:
@@ -393,6 +395,31 @@ class GroupCommit:
                     "it may not survive an OS crash or power loss"
                 ) from e
             self.synced = max(self.synced, covered)
+            self.durable_seq = max(self.durable_seq, seq)
+
+    def durable_through(self, seq: int, last_seq: Callable[[], int]) -> None:
+        """Return once the events up to ``seq`` survive an OS crash (durability ``full``).
+
+        For a flush that finds its list stored already and writes nothing: the commit that
+        stored it may be another process's (or another thread's) whose meta page is not synced
+        yet, and an OS crash would undo it after this caller heard it is stored.  Events this
+        process knows are synced need nothing; otherwise one sync covers every event committed
+        before it began (``last_seq()``, read first).
+        """
+        if not self.target.sync_meta or seq <= self.durable_seq:
+            return
+        with self.sync_lock:
+            if seq <= self.durable_seq:
+                return
+            covered = last_seq()
+            try:
+                self.target.sync()
+            except (lmdb.Error, OSError) as e:
+                raise EventLogError(
+                    f"{self.target.path}: the list is stored, but syncing it to disk failed ({e}): "
+                    "it may not survive an OS crash or power loss"
+                ) from e
+            self.durable_seq = max(self.durable_seq, covered)
 
     def _committed(self, group: list[Request]) -> None:
         """Mark ``group`` stored (run again by the interrupt path when an interrupt cut it short)."""

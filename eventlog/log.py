@@ -391,7 +391,8 @@ class EventLog:
         Scaffolding is dropped, the rest is compared with the stored chain by node
         digest, and only what changed is written, in one transaction:
 
-        - nothing new: nothing is written and nothing synced;
+        - nothing new: nothing is written (in ``full`` mode, events this process does not
+          know are synced yet, another process's commit, are synced first);
         - the list extends the stored transcript: the new messages are appended;
         - the list diverges at position ``k``: stored positions ``k..`` are tombstoned
           (reason ``compaction`` when the first new message has a truthy
@@ -473,6 +474,8 @@ class EventLog:
                     stored = stored and writer.holds(txn, state, snapshot)
             if stored:
                 results = [FlushResult(0, 0, s.length, _head_hex(s.length, s.head)) if s else _EMPTY for s in states]
+                # Stored, but perhaps by a commit not synced yet (another process's, in full mode).
+                store.group.durable_through(max((s.last_seq for s in states if s), default=0), lambda: self.last_seq)
             else:
                 try:
                     relayed = self._relayed(snapshots, states)

@@ -220,6 +220,8 @@ class Relay:
             tip = self.store.tip
             if seq > tip.committed[0]:
                 tip.committed = (seq, digest)
+            group = self.store.group  # answered once synced: a flush finding it stored needs no sync
+            group.durable_seq = max(group.durable_seq, seq)
             self.sent += 1
             return results
         finally:

@@ -148,3 +148,35 @@ def test_carriers_killed_while_committing_other_processes_flushes_lose_and_dupli
     assert result.ok, result.problems
     assert result.carrier_kills >= 3
     assert result.relayed_acks > 50
+
+
+def test_a_list_found_stored_by_another_process_is_synced_before_the_flush_returns(tmp_path: Path) -> None:
+    """The commit that stored it may be another process's whose meta page that process has not
+    synced yet: a flush that writes nothing still returns only once those events are synced, and
+    only the first time (events this process knows are synced need nothing)."""
+    from crashkit import run_python
+
+    path = tmp_path / "log"
+    done = run_python(
+        """
+        import sys
+        from eventlog import EventLog
+        with EventLog.open(sys.argv[1], relay=False) as log:
+            log.flush("s", [{"role": "user", "content": "from another process"}])
+        """,
+        str(path),
+    )
+    assert done.returncode == 0, done.stderr
+    with EventLog.open(path, relay=False) as log:
+        store = log._store
+        recording = _RecordingEnvironment(store)
+        store.env = recording
+        listed = [user("from another process")]
+        assert log.flush("s", listed).appended == 0
+        assert recording.calls == ["sync"]  # nothing written, one sync
+        assert log.flush("s", listed).appended == 0
+        assert recording.calls == ["sync"]  # known synced now: none
+        log.flush("s", [*listed, user("mine")])
+        assert recording.calls[1:] == ["commit", "sync"]
+        assert log.flush("s", [*listed, user("mine")]).appended == 0
+        assert recording.calls[3:] == []  # its own commit was synced before it returned

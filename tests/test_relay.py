@@ -363,3 +363,20 @@ def test_a_carrier_busy_with_its_own_python_leaves_carrying_to_others(tmp_path: 
             log.flush("s", messages[: i + 1])
             assert relay.sent == sent
             assert log.messages("s") == messages[: i + 1]
+
+
+def test_a_relayed_flush_found_stored_again_needs_no_sync(tmp_path: Path) -> None:
+    """The carrier answers once its commit is synced, so the sender knows those events are."""
+    path = tmp_path / "log"
+    with Child(CARRIER, str(path), "full") as carrier:
+        carrier.wait_ready()
+        with EventLog.open(path) as log:
+            messages = turns("s", 2)
+            log.flush("s", messages)
+            assert log.info()["relayed"] == 1
+            syncs: list[bool] = []
+            store = log._store
+            real = store.sync
+            store.sync = lambda: syncs.append(True) or real()  # type: ignore[method-assign]
+            assert log.flush("s", messages).appended == 0
+            assert syncs == []
