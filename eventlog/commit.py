@@ -387,13 +387,7 @@ class GroupCommit:
                 return
             covered = self.commits  # committed before the sync starts: all of them are in it
             seq = self.tip.committed[0]
-            try:
-                self.target.sync()
-            except (lmdb.Error, OSError) as e:
-                raise EventLogError(
-                    f"{self.target.path}: the write is stored, but syncing it to disk failed ({e}): "
-                    "it may not survive an OS crash or power loss"
-                ) from e
+            self._sync("the write")
             self.synced = max(self.synced, covered)
             self.durable_seq = max(self.durable_seq, seq)
 
@@ -412,14 +406,17 @@ class GroupCommit:
             if seq <= self.durable_seq:
                 return
             covered = last_seq()
-            try:
-                self.target.sync()
-            except (lmdb.Error, OSError) as e:
-                raise EventLogError(
-                    f"{self.target.path}: the list is stored, but syncing it to disk failed ({e}): "
-                    "it may not survive an OS crash or power loss"
-                ) from e
+            self._sync("the list")
             self.durable_seq = max(self.durable_seq, covered)
+
+    def _sync(self, what: str) -> None:
+        try:
+            self.target.sync()
+        except (lmdb.Error, OSError) as e:
+            raise EventLogError(
+                f"{self.target.path}: {what} is stored, but syncing it to disk failed ({e}): "
+                "it may not survive an OS crash or power loss"
+            ) from e
 
     def _committed(self, group: list[Request]) -> None:
         """Mark ``group`` stored (run again by the interrupt path when an interrupt cut it short)."""
