@@ -558,11 +558,9 @@ class EventLog:
             return relay.send(parts)
         except Uncertain:
             # The carrier's commit may hold the flush: writing it again finds it stored if so
-            # (and writes nothing), and the sync makes what it found durable before returning.
-            results = self._write_flushes(snapshots, [part.length for part in parts])
-            if self._store.sync_meta:
-                self._store.sync()
-            return results
+            # and writes nothing, and that write's commit, made after the carrier's, is synced
+            # (full mode) before it returns, which makes what it found durable too.
+            return self._write_flushes(snapshots, [part.length for part in parts])
 
     def _write_flushes(self, snapshots: list[Snapshot], stored: list[int]) -> list[FlushResult]:
         """The write of a flush, with room reserved for the bodies after the ``stored`` ones."""

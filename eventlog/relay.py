@@ -58,6 +58,7 @@ from typing import TYPE_CHECKING
 import lmdb
 import msgspec
 
+from .commit import WAKE_POLL
 from .files import open_own_file
 from .writer import FlushResult, NewMessages, chain
 
@@ -79,8 +80,6 @@ RESIGNED = 30.0
 """Seconds a process that stopped carrying because it was busy leaves carrying to others."""
 COMMITTERS = 2
 """Threads of a carrier committing batches: one commits while the other syncs and answers."""
-WAKE_POLL = 0.1
-"""Seconds between the looks the gathering thread takes at whether the carrier is stopping."""
 SOON = 0.01
 """Seconds before a process that found the carrier's lock held but no socket yet looks again."""
 RETRY = 1.0
@@ -377,9 +376,7 @@ class _Carrier:
         self.busy_looks = 0
 
     def start(self) -> None:
-        for committer in self.committers:
-            committer.start()
-        self.thread.start()
+        self.thread.start()  # the committing threads start with the first sender (see _accept)
 
     def submit(self, parts: list[Part]) -> list[FlushResult] | None:
         """Commit this process's ``parts`` with the requests of the next commit; as :meth:`Relay.send`."""
@@ -438,9 +435,10 @@ class _Carrier:
             # refused at once and one of them carries instead.
             with self.lock:
                 self.stopping = True
-            for _ in self.committers:
+            started = [committer for committer in self.committers if committer.ident is not None]
+            for _ in started:
                 self.batches.put(None)
-            for committer in self.committers:
+            for committer in started:
                 committer.join()  # the batches under way are committed and answered first
             self.listener.close()  # before the lock goes: the next carrier binds the name
             for conn in list(self.buffers):
@@ -557,6 +555,9 @@ class _Carrier:
             conn.setblocking(False)
             self.buffers[conn] = bytearray()
             self.selector.register(conn, selectors.EVENT_READ)
+            for committer in self.committers:
+                if committer.ident is None:  # alone, a process commits its own writes: none were needed
+                    committer.start()
 
     def _close(self, conn: socket.socket) -> None:
         if conn in self.buffers:
