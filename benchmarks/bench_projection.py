@@ -6,14 +6,17 @@ trust mode with ``durability="full"``.  Each system runs blocks of turns back to
 timed from its first flush to rows current, so the projection's whole cost is counted: its
 catch-up rounds on the log's thread (which contend for the GIL with the writer) and what is
 left at the end.  Systems take blocks in turn, in a shuffled order each round, on one seeded
-workload.  Reported per system: the median block's time per turn and the ratio to the flush
-alone.  Systems: the flush with no projection; with the projection attached, gathering
-writes into rounds (``eventlog.projector.COALESCE_WRITES``); and with a round per write, as
-the projector did without gathering.
+workload; each system's session is its own list, grown in place by each turn the way an
+agent's is.  Reported per system: the median block's time per turn and the ratio to the
+flush alone.  Systems: the flush with no projection; with the projection attached, caught up
+on the log's thread, gathering writes into rounds (``eventlog.projector.COALESCE_WRITES``);
+the same with a round per write, as the projector did without gathering; and with the
+projection caught up in a process of its own (``projection_process=True``,
+``eventlog/offload.py``), where its work does not take turns with the writer for the GIL.
 
 Run it (from the repository root)::
 
-    python -m benchmarks.bench_projection            # 3,000 messages
+    python -m benchmarks.bench_projection            # 6,000 messages
     python -m benchmarks.bench_projection --quick
 """
 
@@ -36,6 +39,7 @@ BLOCK = 10
 ALONE = "flush trust [full], no projection"
 GATHERED = "flush trust [full] +projection, rounds gather writes"
 PER_WRITE = "flush trust [full] +projection, a round per write"
+IN_PROCESS = "flush trust [full] +projection in a process of its own"
 
 
 @contextmanager
@@ -50,16 +54,16 @@ def gathering(enabled: bool) -> Iterator[None]:
 
 
 def run(*, quick: bool = False, scratch_dir: Path | None = None, messages: int | None = None) -> dict[str, Any]:
-    total = messages or (600 if quick else 3000)
-    states = [(m[:], n) for m, n in Workload(salt="projection").session(total)]
-    blocks = [states[i : i + BLOCK] for i in range(0, len(states), BLOCK)]
+    total = messages or (600 if quick else 6000)
+    turns = [new for _, new in Workload(salt="projection").session(total)]
+    blocks = [turns[i : i + BLOCK] for i in range(0, len(turns), BLOCK)]
     skipped: dict[str, str] = {}
     names = [ALONE]
     reason = projection_available()
     if reason:
-        skipped[GATHERED] = skipped[PER_WRITE] = reason
+        skipped[GATHERED] = skipped[PER_WRITE] = skipped[IN_PROCESS] = reason
     else:
-        names += [GATHERED, PER_WRITE]
+        names += [GATHERED, PER_WRITE, IN_PROCESS]
     samples: dict[str, list[int]] = {name: [] for name in names}
     order = random.Random(11)
     with scratch(scratch_dir, "projection-") as root:
@@ -73,15 +77,19 @@ def run(*, quick: bool = False, scratch_dir: Path | None = None, messages: int |
 
                     attached.append(SQLiteProjection(root / f"{i}.db"))
                     owned.extend(attached)
-                logs[name] = EventLog.open(root / f"log{i}", trust_identity=True, projections=attached)
+                logs[name] = EventLog.open(
+                    root / f"log{i}", trust_identity=True, projections=attached, projection_process=name == IN_PROCESS
+                )
+            sessions: dict[str, list[dict[str, Any]]] = {name: [] for name in names}
             with quiet_gc():
                 for block in blocks:
                     for name in order.sample(names, len(names)):
-                        log = logs[name]
+                        log, session = logs[name], sessions[name]
                         with gathering(name != PER_WRITE):
                             start = now_ns()
-                            for messages, _ in block:
-                                log.flush("s", messages)
+                            for turn in block:
+                                session += turn
+                                log.flush("s", session)
                             assert log.sync_projections(timeout=60)
                             samples[name].append((now_ns() - start) // len(block))
         finally:

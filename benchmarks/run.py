@@ -216,22 +216,24 @@ def targets(results: dict[str, Any]) -> list[dict[str, Any]]:
                 )
     sustained = results.get("projection")
     if sustained:
-        row = _row(sustained, bench_projection.GATHERED)
-        if row:
+        per_write = _row(sustained, bench_projection.PER_WRITE)
+        for name, where in (
+            (bench_projection.GATHERED, "on the log's thread"),
+            (bench_projection.IN_PROCESS, "in a process of its own"),
+        ):
+            row = _row(sustained, name)
+            if not row:
+                continue
+            detail = f"{fmt(row['median_ms'])} ms per turn in blocks of {sustained['block']}"
+            if name == bench_projection.GATHERED and per_write:
+                detail += f"; a round per write: {per_write['x_alone']:.2f}x"
             out.append(
                 {
-                    "target": "sustained trust-mode flush [full] with the projection, until rows are current, <= 1.3x the flush alone",
+                    "target": f"sustained trust-mode flush [full] with the projection ({where}), until rows are current, "
+                    "<= 1.3x the flush alone",
                     "status": "met" if row["x_alone"] <= 1.3 else "missed",
                     "measured": f"{row['x_alone']:.2f}x",
-                    "detail": f"{fmt(row['median_ms'])} ms per turn in blocks of {sustained['block']}; a round per write: "
-                    + next(
-                        (
-                            f"{r['x_alone']:.2f}x"
-                            for r in sustained["rows"]
-                            if r["system"] == bench_projection.PER_WRITE
-                        ),
-                        "-",
-                    ),
+                    "detail": detail,
                 }
             )
     memory = results.get("memory")

@@ -28,6 +28,7 @@ from .errors import (
     UnsafeDirectoryError,
 )
 from .keys import SessionState
+from .offload import Offloaded, can_offload
 from .projector import Projection, Projector, bind
 from .redact import Redaction
 from .relay import Part, Relay, Uncertain
@@ -186,6 +187,7 @@ class EventLog:
         cache_messages: int = 200_000,
         projections: Sequence[Projection] = (),
         project_in_background: bool = True,
+        projection_process: bool = False,
         relay: bool = True,
     ) -> None:
         self._store = store
@@ -198,7 +200,11 @@ class EventLog:
         self._projections = list(projections)
         self._projector: Projector | None = None
         if self._projections and project_in_background:
-            self._projector = Projector(self, self._projections)
+            runners: list[Projection] = list(self._projections)
+            if projection_process:
+                options = {"allow_shared_directory": store.allow_shared_directory}
+                runners = [Offloaded(p, store.path, options) if can_offload(p) else p for p in runners]
+            self._projector = Projector(self, self._projections, runners=runners)
             for projection in self._projections:
                 bind(projection, self._projector.waiter(projection))
         self._relay: Relay | None = None
@@ -218,6 +224,7 @@ class EventLog:
         cache_messages: int = 200_000,
         projections: Sequence[Projection] = (),
         project_in_background: bool = True,
+        projection_process: bool = False,
         readonly: bool = False,
         allow_shared_directory: bool = False,
         relay: bool = True,
@@ -246,6 +253,11 @@ class EventLog:
           (``project_in_background``, the default: a write returns once the log committed
           it) or inside the write call.  Their own read methods wait for the thread; other
           readers call :meth:`sync_projections`.
+        - ``projection_process``: with ``project_in_background``, catch up each projection
+          that can be opened again elsewhere (it has an ``opener()``, as
+          :class:`~projections.SQLiteProjection` does) in a child process of its own, where
+          its work does not take turns with this process's threads for the GIL
+          (``eventlog/offload.py``; docs/projection.md, "In a process of its own").
         - ``readonly``: open without write access; every write raises.  Works on a directory
           this process cannot write (a read-only backup, or a service's log owned by another
           user and writable by it only).  When LMDB's lock file cannot be used there, the log
@@ -281,6 +293,7 @@ class EventLog:
             cache_messages=cache_messages,
             projections=projections,
             project_in_background=project_in_background,
+            projection_process=projection_process,
             relay=relay,
         )
         try:

@@ -62,9 +62,17 @@ class Projector:
     It never fails the write, which is already committed.
     """
 
-    def __init__(self, log: EventSource, projections: Sequence[Projection]) -> None:
+    def __init__(
+        self,
+        log: EventSource,
+        projections: Sequence[Projection],
+        *,
+        runners: Sequence[Projection] | None = None,
+    ) -> None:
         self._log = log
         self._projections = list(projections)
+        # What catches each projection up: itself, or what stands in for it elsewhere (eventlog.offload).
+        self._runners = list(runners) if runners is not None else self._projections
         # Always taken as `with self._lock` (C code), never through the Condition's Python
         # __enter__: a Ctrl-C landing as that returns would leave the lock held for good.
         self._lock = threading.RLock()
@@ -172,7 +180,7 @@ class Projector:
         failing = set()
         for i, projection in enumerate(self._projections):
             try:
-                projection.catch_up(self._log)
+                self._runners[i].catch_up(self._log)
             except Exception as e:
                 # The write is committed; the projection is tried again (see the class).
                 failing.add(i)
@@ -205,6 +213,9 @@ class Projector:
             self._cond.notify_all()
         if threading.current_thread() is not self._thread:
             self._thread.join()
+        for projection, runner in zip(self._projections, self._runners):
+            if runner is not projection:
+                runner.close()  # type: ignore[attr-defined]
 
     def _fails(self, projection: Projection | None) -> bool:
         if projection is None:

@@ -307,6 +307,7 @@ class Store:
         """Whether LMDB's lock file is in use (see the read-only mode in docs/cli.md)."""
         self._open_lock = _hold_open_lock(self.path, readonly) if self.locked else None
         self.readonly = readonly
+        self.allow_shared_directory = allow_shared_directory
         for _ in range(100):
             try:
                 self._env_options: dict[str, Any] = {

@@ -20,6 +20,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from functools import partial
 from typing import TYPE_CHECKING, Any
 
 from eventlog import events as ev
@@ -172,6 +173,13 @@ class SQLiteProjection:
 
     def __repr__(self) -> str:
         return f"SQLiteProjection({self.path!r})"
+
+    def opener(self) -> Callable[[], SQLiteProjection]:
+        """A picklable callable that opens this projection again (same file and settings):
+        how ``EventLog.open(..., projection_process=True)`` opens it in its own process."""
+        return partial(
+            SQLiteProjection, self.path, search_lag=self.search_lag, batch=self.batch, page_size=self.page_size
+        )
 
     def bind(self, wait: Callable[[float | None], bool]) -> None:
         """Called by :meth:`EventLog.open` when the log projects on a background thread:

@@ -189,7 +189,7 @@ def test_projection_scenario(tmp_path: Path) -> None:
     names = [row["system"] for row in result["rows"]]
     assert names[0] == bench_projection.ALONE and result["rows"][0]["x_alone"] == 1
     if not result["skipped"]:
-        assert names[1:] == [bench_projection.GATHERED, bench_projection.PER_WRITE]
+        assert names[1:] == [bench_projection.GATHERED, bench_projection.PER_WRITE, bench_projection.IN_PROCESS]
     print(bench_projection.render(result))
 
 
