@@ -164,7 +164,9 @@ def test_an_error_in_the_child_is_logged_here_and_the_write_stands(
 
 def test_what_a_projection_prints_in_its_process_does_not_break_the_exchange(tmp_path: Path) -> None:
     record = tmp_path / "seen"
-    with EventLog.open(tmp_path / "log", projections=[Counted(str(record), chatty=True)], projection_process=True) as log:
+    with EventLog.open(
+        tmp_path / "log", projections=[Counted(str(record), chatty=True)], projection_process=True
+    ) as log:
         for n in range(1, 6):
             log.flush("s", [user(f"q{i}") for i in range(n)])
             assert log.sync_projections(timeout=30)
