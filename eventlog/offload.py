@@ -19,8 +19,10 @@ child.  A child whose parent is gone sees its pipe close and exits.
 
 from __future__ import annotations
 
+import logging
 import os
 import pickle
+import signal
 import struct
 import subprocess
 import sys
@@ -30,6 +32,8 @@ from typing import IO, Any, Protocol, TypeGuard
 
 from .errors import EventLogError
 from .source import EventSource
+
+logger = logging.getLogger("eventlog")
 
 FRAME = struct.Struct("<I")
 STOP_WAIT = 10.0
@@ -50,6 +54,10 @@ class OffloadError(EventLogError):
     """The child process catching a projection up failed, or failed to start."""
 
 
+class CannotStart(OffloadError):
+    """No child process could be started, or it exited before it answered."""
+
+
 def can_offload(projection: object) -> TypeGuard[Reopenable]:
     """Whether ``projection`` can be caught up in a process of its own (it has an ``opener()``)."""
     return callable(getattr(projection, "opener", None))
@@ -66,6 +74,7 @@ class Offloaded:
         self._request = pickle.dumps((os.path.abspath(log_path), options, projection.opener()))
         self._lock = threading.Lock()
         self._child: subprocess.Popen[bytes] | None = None
+        self._here = False  # no child could start: the rounds run in this process
 
     def __repr__(self) -> str:
         return repr(self.projection)
@@ -77,14 +86,25 @@ class Offloaded:
         return child.pid if child is not None and child.poll() is None else None
 
     def catch_up(self, log: EventSource) -> int:
-        """One catch-up round in the child; its count, or its error raised here."""
+        """One catch-up round in the child; its count, or its error raised here.
+
+        Where no child can start (an embedding program whose ``sys.executable`` is not
+        Python, a process limit), says so once and catches up in this process from then on.
+        """
+        if self._here:
+            return self.projection.catch_up(log)
         with self._lock:
             child = self._child
             if child is not None and child.poll() is not None:
                 self._discard(child)  # it died between rounds: its pipes go with it
                 child = None
             if child is None:
-                child = self._start()
+                try:
+                    child = self._start()
+                except CannotStart as e:
+                    logger.warning("%s; catching it up in this process instead", e)
+                    self._here = True
+                    return self.projection.catch_up(log)
             assert child.stdin is not None and child.stdout is not None
             try:
                 _send(child.stdin, b"catch_up")
@@ -145,15 +165,15 @@ class Offloaded:
                 close_fds=True,
             )
         except OSError as e:
-            raise OffloadError(f"{self.projection!r}: cannot start a process for it ({e})") from e
+            raise CannotStart(f"{self.projection!r}: cannot start a process for it ({e})") from e
         assert child.stdin is not None and child.stdout is not None
         try:
             _send(child.stdin, self._request)
             status, value = pickle.loads(_receive(child.stdout))
         except (OSError, EOFError) as e:
             self._discard(child)
-            raise OffloadError(
-                f"{self.projection!r}: its process exited (code {child.returncode}) while opening"
+            raise CannotStart(
+                f"{self.projection!r}: its process exited (code {child.returncode}) before it answered"
             ) from e
         except BaseException:
             self._discard(child)
@@ -228,6 +248,9 @@ def serve(source: IO[bytes], out: IO[bytes]) -> None:
 
 
 def main() -> None:
+    # Ctrl-C in a terminal reaches the whole process group: the parent decides when this one
+    # stops (it closes the pipe), so a round is never cut short by it.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
     # The answers get a descriptor of their own: whatever the projection prints goes to stderr.
     answers = os.fdopen(os.dup(sys.stdout.fileno()), "wb")
     os.dup2(sys.stderr.fileno(), sys.stdout.fileno())

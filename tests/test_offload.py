@@ -191,3 +191,32 @@ def test_a_projection_that_cannot_be_opened_elsewhere_stays_on_the_thread(tmp_pa
         assert runner_pid(log, 1) not in (None, os.getpid())
     assert len(here.pids) >= 2 and set(here.pids) == {os.getpid()}
     proj.close()
+
+
+def test_where_no_process_can_start_the_rounds_run_here(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    monkeypatch.setattr("sys.executable", str(tmp_path / "no-python"))
+    proj = SQLiteProjection(tmp_path / "p.db")
+    with caplog.at_level(logging.WARNING, logger="eventlog"):
+        with EventLog.open(tmp_path / "log", projections=[proj], projection_process=True) as log:
+            for n in range(1, 4):
+                log.flush("s", [user(f"q{i}") for i in range(n)])
+                assert len(proj.messages("s")) == n
+            assert runner_pid(log) is None
+    assert caplog.text.count("catching it up in this process instead") == 1
+    proj.close()
+
+
+def test_ctrl_c_in_the_terminal_does_not_stop_the_child(tmp_path: Path) -> None:
+    proj = SQLiteProjection(tmp_path / "p.db")
+    with EventLog.open(tmp_path / "log", projections=[proj], projection_process=True) as log:
+        log.flush("s", [user("q")])
+        assert log.sync_projections(timeout=30)
+        child = runner_pid(log)
+        assert child is not None
+        os.kill(child, signal.SIGINT)  # what a terminal sends the whole process group
+        log.flush("s", [user("q"), assistant("a")])
+        assert log.sync_projections(timeout=30)
+        assert runner_pid(log) == child
+    proj.close()
