@@ -105,25 +105,30 @@ class Offloaded:
                     logger.warning("%s; catching it up in this process instead", e)
                     self._here = True
                     return self.projection.catch_up(log)
-            assert child.stdin is not None and child.stdout is not None
-            try:
-                _send(child.stdin, b"catch_up")
-                status, value = pickle.loads(_receive(child.stdout))
-            except (OSError, EOFError) as e:
-                self._discard(child)
-                raise OffloadError(
-                    f"{self.projection!r}: its process exited (code {child.returncode}) during a catch-up"
-                ) from e
-            except BaseException:
-                # Interrupted mid-exchange (Ctrl-C in a reader's round): its answer would be
-                # taken for the next request's, so this child goes and the next round starts another.
-                self._discard(child)
-                raise
+            status, value = self._exchange(child, b"catch_up", OffloadError, "during a catch-up")
         if status == "ok":
             return int(value)
         if isinstance(value, BaseException):
             raise value
         raise OffloadError(f"{self.projection!r}: its process failed to catch up: {value}")
+
+    def _exchange(
+        self, child: subprocess.Popen[bytes], request: bytes, failure: type[OffloadError], when: str
+    ) -> tuple[str, Any]:
+        """Send ``request`` to ``child`` and read its answer; raise ``failure`` if it is gone."""
+        assert child.stdin is not None and child.stdout is not None
+        try:
+            _send(child.stdin, request)
+            status, value = pickle.loads(_receive(child.stdout))
+        except (OSError, EOFError) as e:
+            self._discard(child)
+            raise failure(f"{self.projection!r}: its process exited (code {child.returncode}) {when}") from e
+        except BaseException:
+            # Interrupted mid-exchange (Ctrl-C in a reader's round): its answer would be taken
+            # for the next request's, so this child goes and the next round starts another.
+            self._discard(child)
+            raise
+        return status, value
 
     def _discard(self, child: subprocess.Popen[bytes]) -> None:
         self._child = None
@@ -166,18 +171,7 @@ class Offloaded:
             )
         except OSError as e:
             raise CannotStart(f"{self.projection!r}: cannot start a process for it ({e})") from e
-        assert child.stdin is not None and child.stdout is not None
-        try:
-            _send(child.stdin, self._request)
-            status, value = pickle.loads(_receive(child.stdout))
-        except (OSError, EOFError) as e:
-            self._discard(child)
-            raise CannotStart(
-                f"{self.projection!r}: its process exited (code {child.returncode}) before it answered"
-            ) from e
-        except BaseException:
-            self._discard(child)
-            raise
+        status, value = self._exchange(child, self._request, CannotStart, "before it answered")
         if status != "ok":
             self._discard(child)
             if isinstance(value, BaseException):
