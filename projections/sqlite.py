@@ -88,6 +88,7 @@ class SQLiteProjection:
         if search_lag < 0 or batch < 1:
             raise ValueError("search_lag must be >= 0 and batch >= 1")
         self.path = os.fspath(path)
+        self._absolute = os.path.abspath(self.path)  # the file meant, whatever the working directory becomes
         self.search_lag = search_lag
         self.batch = batch
         self.page_size = page_size
@@ -178,7 +179,7 @@ class SQLiteProjection:
         """A picklable callable that opens this projection again (same file and settings):
         how ``EventLog.open(..., projection_process=True)`` opens it in its own process."""
         return partial(
-            SQLiteProjection, self.path, search_lag=self.search_lag, batch=self.batch, page_size=self.page_size
+            SQLiteProjection, self._absolute, search_lag=self.search_lag, batch=self.batch, page_size=self.page_size
         )
 
     def bind(self, wait: Callable[[float | None], bool]) -> None:

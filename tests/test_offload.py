@@ -107,6 +107,22 @@ def test_rows_are_written_by_another_process_and_read_here(tmp_path: Path) -> No
     proj.close()
 
 
+def test_a_projections_relative_path_names_the_same_file_after_a_change_of_directory(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    proj = SQLiteProjection("p.db")
+    with EventLog.open(tmp_path / "log", projections=[proj], projection_process=True) as log:
+        (tmp_path / "elsewhere").mkdir()
+        monkeypatch.chdir(tmp_path / "elsewhere")  # before the first round starts the child
+        log.flush("s", [user("q")])
+        assert log.sync_projections(timeout=30)
+        assert runner_pid(log) is not None
+    assert raw_rows(tmp_path / "p.db") == [(0, "q")]
+    assert not (tmp_path / "elsewhere" / "p.db").exists()
+    proj.close()
+
+
 def test_closing_the_log_applies_what_waits_and_stops_the_child(tmp_path: Path) -> None:
     with started(tmp_path) as (log, _, pid):
         for n in range(2, 30):
