@@ -147,16 +147,15 @@ class Offloaded:
             child, self._child = self._child, None
         if child is None:
             return
-        assert child.stdin is not None and child.stdout is not None
+        assert child.stdin is not None
         try:
             _send(child.stdin, b"")
             child.stdin.close()
             child.wait(STOP_WAIT)
         except (OSError, subprocess.TimeoutExpired):
-            child.kill()
-            child.wait()
+            pass  # gone already, or stuck: stopped below
         finally:
-            child.stdout.close()
+            self._discard(child)  # stops a child still running; closes both pipes
 
     def _start(self) -> subprocess.Popen[bytes]:
         env = dict(os.environ)
