@@ -10,13 +10,14 @@ from __future__ import annotations
 
 import copy
 import gc
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
+from functools import partial
 from hashlib import sha256
 from itertools import groupby
 from operator import itemgetter
-from typing import Any, Final, assert_never
+from typing import Any, Final, TypeVar, assert_never
 
 import lmdb
 import msgspec
@@ -24,8 +25,11 @@ import msgspec
 from . import events as ev
 from .errors import CorruptLogError
 from .keys import HEADER, SEQ, STATE, SessionState, chain_key, state_key
+from .overlap import sha256_during
 from .redact import Redaction
 from .store import Store
+
+T = TypeVar("T")
 
 
 @dataclass(frozen=True, slots=True)
@@ -170,6 +174,18 @@ class BodyReader:
 
     def checked(self, seq: int) -> bytes:
         """The stored bytes of event ``seq``, checked against the hash the log recorded for it."""
+        return self.checked_during(seq, lambda raw: raw)
+
+    def checked_during(self, seq: int, read: Callable[[bytes], T]) -> T:
+        """``read(raw)`` of event ``seq``'s stored bytes, once they are checked against the hash the
+        log recorded for it.
+
+        A large event is hashed on the second thread while ``read`` decodes it (see
+        :mod:`eventlog.overlap`): the bytes are in the map and unchanged either way, a decoder
+        reads damaged bytes as an error or as values that are dropped, and nothing ``read``
+        returns is handed out until the hash matched.  A decoding error of an event that does
+        not match its hash is reported as the mismatch.
+        """
         store, txn = self.store, self.txn
         raw = self._get(seq)
         if raw is None or len(raw) < HEADER.size:
@@ -184,19 +200,21 @@ class BodyReader:
             state = txn.get(state_key(number), db=store.index)
             # A damaged state anchors nothing.
             recorded = SessionState.unpack(number, state).last_hash if state and len(state) == STATE.size else b""
-        digest = sha256(SEQ.pack(seq))
-        digest.update(raw)  # event_hash(seq, raw), without copying the event
-        if digest.digest() != recorded:
-            raise CorruptLogError(
-                f"{store.path}: event {seq} does not match its recorded hash; the log is damaged (run verify)"
-            )
-        return raw
+
+        try:
+            digest, found = sha256_during(SEQ.pack(seq), raw, lambda: read(raw))  # event_hash(seq, raw), no copy
+        except (msgspec.DecodeError, CorruptLogError):
+            if _event_hash(seq, raw) != recorded:
+                raise _mismatch(store, seq) from None
+            raise
+        if digest != recorded:
+            raise _mismatch(store, seq)
+        return found
 
     def _bodies(self, seq: int) -> ev.AppendedBodies:
         """Every message of event ``seq``, decoded in one call."""
-        raw = self.checked(seq)
         try:
-            return ev.bodies_decoder.decode(memoryview(raw)[HEADER.size :])
+            return self.checked_during(seq, lambda raw: ev.bodies_decoder.decode(memoryview(raw)[HEADER.size :]))
         except msgspec.DecodeError as e:
             raise CorruptLogError(f"{self.store.path}: event {seq} holds no readable message bodies ({e})") from e
 
@@ -220,9 +238,7 @@ class BodyReader:
             raw = store.raw_event(txn, state.last_seq)
             if raw is None or len(raw) < HEADER.size or HEADER.unpack_from(raw)[3] != state.number:
                 raise stale
-            digest = sha256(SEQ.pack(state.last_seq))
-            digest.update(raw)
-            if digest.digest() != state.last_hash:
+            if _event_hash(state.last_seq, raw) != state.last_hash:
                 raise stale
         # The live chain must end at the state's head, and not go on past its length.
         if state.length and store.link(txn, state.number, state.length - 1)[0] != state.head:
@@ -270,22 +286,11 @@ class BodyReader:
         out: list[dict[str, Any]] = []
         head = b""
         for seq in reversed(seqs):
-            raw = self.checked(seq)
-            kind = HEADER.unpack_from(raw)[2]
+            kind, event = self.checked_during(seq, partial(_decode_appended, store.path, seq))
             if kind == _OPENED:
-                try:
-                    opened = ev.decoder.decode(memoryview(raw)[HEADER.size :])
-                except msgspec.DecodeError as e:
-                    raise CorruptLogError(f"{store.path}: event {seq} cannot be decoded ({e})") from e
-                if not isinstance(opened, ev.SessionOpened):
-                    raise CorruptLogError(f"{store.path}: event {seq} is not the kind its envelope names")
-                if opened.source is not None:
+                if event.source is not None:
                     return None
             elif kind == _APPENDED:
-                try:
-                    event = _appended_decoder.decode(memoryview(raw)[HEADER.size :])
-                except msgspec.DecodeError as e:
-                    raise CorruptLogError(f"{store.path}: event {seq} holds no readable message bodies ({e})") from e
                 bodies = event.bodies
                 if event.position != len(out) or len(event.nodes) != 32 * len(bodies):
                     raise CorruptLogError(f"{store.path}: event {seq} does not follow on the session's messages")
@@ -315,6 +320,38 @@ _APPEND_ONLY: Final = frozenset(
     {_OPENED, _APPENDED, ev.KIND[ev.SessionClosed], ev.KIND[ev.SessionUpdated], ev.KIND[ev.MessageAnnotated]}
 )
 """Event kinds that leave a session's live messages exactly the ones it appended."""
+
+
+def _event_hash(seq: int, raw: bytes) -> bytes:
+    digest = sha256(SEQ.pack(seq))
+    digest.update(raw)  # keys.event_hash(seq, raw), without copying the event
+    return digest.digest()
+
+
+def _mismatch(store: Store, seq: int) -> CorruptLogError:
+    return CorruptLogError(
+        f"{store.path}: event {seq} does not match its recorded hash; the log is damaged (run verify)"
+    )
+
+
+def _decode_appended(path: str, seq: int, raw: bytes) -> tuple[int, Any]:
+    """Event ``seq`` of a session that only appended: ``(kind, event)``, decoded as far as
+    :meth:`BodyReader.appended` reads it (``None`` for the kinds it skips)."""
+    kind = HEADER.unpack_from(raw)[2]
+    if kind == _OPENED:
+        try:
+            opened = ev.decoder.decode(memoryview(raw)[HEADER.size :])
+        except msgspec.DecodeError as e:
+            raise CorruptLogError(f"{path}: event {seq} cannot be decoded ({e})") from e
+        if not isinstance(opened, ev.SessionOpened):
+            raise CorruptLogError(f"{path}: event {seq} is not the kind its envelope names")
+        return kind, opened
+    if kind == _APPENDED:
+        try:
+            return kind, _appended_decoder.decode(memoryview(raw)[HEADER.size :])
+        except msgspec.DecodeError as e:
+            raise CorruptLogError(f"{path}: event {seq} holds no readable message bodies ({e})") from e
+    return kind, None
 
 
 @dataclass(frozen=True, slots=True)

@@ -18,6 +18,7 @@ from crashkit import raw_env, raw_events
 
 from eventlog import CorruptLogError, EventLog
 from eventlog.keys import LINK, SEQ, STATE, chain_key, state_key
+from eventlog.overlap import OFFLOAD, OVERLAP_FROM
 from eventlog.replay import paused_gc
 
 
@@ -164,6 +165,44 @@ def test_a_chain_entry_moved_to_a_carried_slot_is_a_corrupt_log_error(tmp_path: 
     with EventLog.open(path) as log:
         with pytest.raises(CorruptLogError):
             log.messages("s")
+
+
+def _large_event_log(path: Path, *, edit: bool) -> tuple[list[dict[str, object]], bytes]:
+    """Session ``s`` with one event past :data:`~eventlog.overlap.OVERLAP_FROM` (hashed on the
+    second thread while it is decoded); returns the transcript and that event's key."""
+    messages = [{"role": "user", "content": f"M{i:05d}" + "y" * 1000} for i in range(400)]
+    with EventLog.open(path) as log:
+        log.append("s", messages)
+        log.append("s", [_message(1)])
+        messages.append(_message(1))
+        if edit:  # the read goes through the live chain, to the large event's bodies
+            messages = [messages[0], {"role": "user", "content": "edited"}, *messages[2:]]
+            log.flush("s", messages)
+        assert log.messages("s") == messages
+    return messages, next(key for key, value in raw_events(path) if len(value) >= OVERLAP_FROM)
+
+
+@pytest.mark.parametrize("edit", [False, True], ids=["appended-only", "edited"])
+@pytest.mark.parametrize("damage", ["content", "framing"])
+def test_a_large_event_hashed_while_it_is_decoded_is_still_checked(tmp_path: Path, edit: bool, damage: str) -> None:
+    path = tmp_path / "log"
+    expected, key = _large_event_log(path, edit=edit)
+    assert OFFLOAD  # the machines this runs on have two CPUs: the overlapped path is the one tested
+    value = _get(path, b"events", key)
+    at = value.index(b"M00200")
+    changed = bytearray(value)
+    if damage == "content":
+        changed[at + 1] ^= 1  # still decodes, to a message with other content
+    else:
+        assert changed[at - 3] == 0xDA  # the string's header: a code msgpack never uses instead
+        changed[at - 3] = 0xC1
+    _put(path, b"events", key, bytes(changed))
+    with EventLog.open(path) as log:
+        with pytest.raises(CorruptLogError, match="does not match its recorded hash"):
+            log.messages("s")
+    _put(path, b"events", key, value)
+    with EventLog.open(path) as log:
+        assert log.messages("s") == expected
 
 
 def test_paused_gc_leaves_the_applications_frozen_objects_frozen() -> None:
