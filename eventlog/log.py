@@ -29,7 +29,7 @@ from .errors import (
 )
 from .keys import SessionState
 from .offload import Offloaded, can_offload
-from .projector import Projection, Projector, bind
+from .projector import OFFLOADED_WRITES, Projection, Projector, bind
 from .redact import Redaction
 from .relay import Part, Relay, Uncertain
 from .replay import BodyReader, Occurrence, SessionInfo, fill, paused_gc, repair, replay, session_info
@@ -204,7 +204,10 @@ class EventLog:
             if projection_process:
                 options = {"allow_shared_directory": store.allow_shared_directory}
                 runners = [Offloaded(p, store.path, options) if can_offload(p) else p for p in runners]
-            self._projector = Projector(self, self._projections, runners=runners)
+            offloaded = all(isinstance(runner, Offloaded) for runner in runners)
+            self._projector = Projector(
+                self, self._projections, runners=runners, gather=OFFLOADED_WRITES if offloaded else None
+            )
             for projection in self._projections:
                 bind(projection, self._projector.waiter(projection))
         self._relay: Relay | None = None

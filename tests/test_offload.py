@@ -17,6 +17,7 @@ import pytest
 from factories import assistant, user
 
 from eventlog import EventLog
+from eventlog.projector import OFFLOADED_WRITES
 from eventlog.source import EventSource
 
 projections = pytest.importorskip("projections")
@@ -233,3 +234,27 @@ def test_ctrl_c_in_the_terminal_does_not_stop_the_child(tmp_path: Path) -> None:
         log.flush("s", [user("q0"), assistant("a")])
         assert log.sync_projections(timeout=30)
         assert runner_pid(log) == child
+
+
+@pytest.mark.parametrize("process", [True, False], ids=["in its process", "on the log's thread"])
+def test_a_round_starts_after_fewer_writes_when_it_runs_in_a_process_of_its_own(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, process: bool
+) -> None:
+    monkeypatch.setattr("eventlog.projector.COALESCE_LAG", 60.0)  # only the count of writes starts a round
+    proj = SQLiteProjection(tmp_path / "p.db")
+    messages: list[dict[str, Any]] = []
+    try:
+        with EventLog.open(tmp_path / "log", projections=[proj], projection_process=process) as log:
+            log.flush("s", [user("q0")])
+            assert log.sync_projections(timeout=30)  # the child is up; the rounds gathered so far are done
+            messages.append(user("q0"))
+            for i in range(1, 1 + OFFLOADED_WRITES):
+                messages.append(assistant(f"a{i}"))
+                log.flush("s", messages)
+            deadline = time.monotonic() + (20 if process else 1)
+            while len(raw_rows(tmp_path / "p.db")) < len(messages) and time.monotonic() < deadline:
+                time.sleep(0.02)  # nobody waits for the rows: the projector starts the round by itself
+            # In a child, that many writes start a round; on the thread, rounds gather more (or wait a minute).
+            assert (len(raw_rows(tmp_path / "p.db")) == len(messages)) is process
+    finally:
+        proj.close()
