@@ -14,7 +14,6 @@ from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from functools import partial
-from hashlib import sha256
 from itertools import groupby
 from operator import itemgetter
 from typing import Any, Final, TypeVar, assert_never
@@ -24,7 +23,7 @@ import msgspec
 
 from . import events as ev
 from .errors import CorruptLogError
-from .keys import HEADER, SEQ, STATE, SessionState, chain_key, state_key
+from .keys import HEADER, SEQ, STATE, SessionState, chain_key, event_hash, state_key
 from .overlap import sha256_during
 from .redact import Redaction
 from .store import Store
@@ -204,7 +203,7 @@ class BodyReader:
         try:
             digest, found = sha256_during(SEQ.pack(seq), raw, lambda: read(raw))  # event_hash(seq, raw), no copy
         except (msgspec.DecodeError, CorruptLogError):
-            if _event_hash(seq, raw) != recorded:
+            if event_hash(seq, raw) != recorded:
                 raise _mismatch(store, seq) from None
             raise
         if digest != recorded:
@@ -238,7 +237,7 @@ class BodyReader:
             raw = store.raw_event(txn, state.last_seq)
             if raw is None or len(raw) < HEADER.size or HEADER.unpack_from(raw)[3] != state.number:
                 raise stale
-            if _event_hash(state.last_seq, raw) != state.last_hash:
+            if event_hash(state.last_seq, raw) != state.last_hash:
                 raise stale
         # The live chain must end at the state's head, and not go on past its length.
         if state.length and store.link(txn, state.number, state.length - 1)[0] != state.head:
@@ -320,12 +319,6 @@ _APPEND_ONLY: Final = frozenset(
     {_OPENED, _APPENDED, ev.KIND[ev.SessionClosed], ev.KIND[ev.SessionUpdated], ev.KIND[ev.MessageAnnotated]}
 )
 """Event kinds that leave a session's live messages exactly the ones it appended."""
-
-
-def _event_hash(seq: int, raw: bytes) -> bytes:
-    digest = sha256(SEQ.pack(seq))
-    digest.update(raw)  # keys.event_hash(seq, raw), without copying the event
-    return digest.digest()
 
 
 def _mismatch(store: Store, seq: int) -> CorruptLogError:
