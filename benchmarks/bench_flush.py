@@ -12,8 +12,9 @@ untimed; once more waiting for its search index: end to end), hermes-agent's ``S
 the OpenAI Agents SDK ``SQLiteSession``, a plain SQLite baseline and the floors
 (a raw ``fdatasync``; a bare py-lmdb commit; that commit with each message's content
 and node digests; that after the product's C check of every held message against
-its record, the least that noticing in-place edits costs; and either of the last two followed by
-SQLite alone writing and indexing the turn's prebuilt rows: the end-to-end floors).
+its record, the least that noticing in-place edits costs; either of the last two followed by
+SQLite alone writing and indexing the turn's prebuilt rows: the end-to-end floors; and the
+digested commit followed by SQLite alone writing the rows: the floor of rows current).
 
 The systems run in lockstep, in a shuffled order each turn, each in its own
 directory of one scratch folder on the repository's disk, so that noise from a
@@ -72,6 +73,8 @@ def all_systems() -> list[sy.System]:
         sy.BareLMDBSystem("process", addressed=True),
         sy.InPlaceCheckFloor("full"),
         sy.InPlaceCheckFloor("process"),
+        sy.TranscriptFloor("full", check=False, search=False),
+        sy.TranscriptFloor("process", check=False, search=False),
         sy.TranscriptFloor("full", check=False),
         sy.TranscriptFloor("full", check=True),
     ]

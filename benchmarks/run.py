@@ -94,6 +94,12 @@ def flush_floor(trust: bool, mode: str, *, end_to_end: bool = False) -> str:
     return f"floor: in-place check + content-addressed put+commit [{mode}]"
 
 
+def rows_floor(mode: str) -> str:
+    """The name of the flush benchmark's floor for a turn until its rows are current: the digested
+    commit of the turn, then SQLite alone writing its rows (no search index)."""
+    return f"floor: content-addressed put+commit + SQLite rows [{mode}]"
+
+
 def _ratio_target(
     results: dict[str, Any], ours: str, theirs: str, want: float, label: str, floor: str | None = None
 ) -> dict[str, Any]:
@@ -180,12 +186,26 @@ def targets(results: dict[str, Any]) -> list[dict[str, Any]]:
         )
         if with_rows and alone:
             got = with_rows["median_ms"] / alone["median_ms"]
+            detail = (
+                f"{fmt(with_rows['median_ms'])} ms with rows current / {fmt(alone['median_ms'])} ms without (medians)"
+            )
+            # What SQLite alone writing the turn's rows adds to a bare digested commit: beside
+            # the 0.3x of the flush that the target leaves the projection.
+            rows = _row(flush, rows_floor(mode)) if flush else None
+            commit_floor = _row(flush, flush_floor(True, mode)) if flush else None
+            if rows and commit_floor:
+                added = rows["median_ms"] - commit_floor["median_ms"]
+                detail += (
+                    f"; the target leaves the projection {fmt(0.3 * alone['median_ms'])} ms a turn, "
+                    f"SQLite alone writing the turn's rows after a bare commit adds {fmt(added)} ms "
+                    f"({fmt(rows['median_ms'])} ms against {fmt(commit_floor['median_ms'])} ms)"
+                )
             out.append(
                 {
                     "target": f"trust-mode flush [{mode}] with the projection's rows current <= 1.3x the flush alone",
                     "status": "met" if got <= 1.3 else "missed",
                     "measured": f"{got:.2f}x",
-                    "detail": f"{fmt(with_rows['median_ms'])} ms with rows current / {fmt(alone['median_ms'])} ms without (medians)",
+                    "detail": detail,
                 }
             )
     if flush:

@@ -572,12 +572,15 @@ class TranscriptFloor(InPlaceCheckFloor):
     """The least a turn costs until its transcript rows and their search index are current too:
     the turn of :class:`InPlaceCheckFloor` (with or without its ``check``), then SQLite alone
     writing the turn's rows, derived untimed beforehand, into the projection's own schema with
-    its settings and statements, and indexing them for search, in one transaction."""
+    its settings and statements, and indexing them for search, in one transaction.  With
+    ``search=False``, the rows only: the least a turn costs until its rows are current."""
 
-    def __init__(self, durability: str = "full", *, check: bool) -> None:
+    def __init__(self, durability: str = "full", *, check: bool, search: bool = True) -> None:
         super().__init__(durability, check=check)
+        self.search = search
         looked = "in-place check + " if check else ""
-        self.name = f"floor: {looked}content-addressed put+commit + SQLite rows and FTS5 [{durability}]"
+        written = "SQLite rows and FTS5" if search else "SQLite rows"
+        self.name = f"floor: {looked}content-addressed put+commit + {written} [{durability}]"
         self.durability += ", projection: SQLite WAL synchronous=NORMAL"
 
     def open(self, directory: Path) -> None:
@@ -609,7 +612,8 @@ class TranscriptFloor(InPlaceCheckFloor):
         db = self.projection._db
         db.execute("BEGIN IMMEDIATE")
         db.executemany(self.insert, self.rows)
-        self.indexed = self.index(db, self.indexed)
+        if self.search:
+            self.indexed = self.index(db, self.indexed)
         db.execute("COMMIT")
 
     def close(self) -> None:

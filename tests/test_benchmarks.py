@@ -73,6 +73,7 @@ def test_flush_scenario_runs_every_available_system(tmp_path: Path) -> None:
     # The targets find their floors by these names: a renamed floor would leave them without one.
     floors = {runner.flush_floor(trust, mode) for trust in (False, True) for mode in ("full", "process")}
     floors |= {runner.flush_floor(trust, "full", end_to_end=True) for trust in (False, True)}
+    floors |= {runner.rows_floor(mode) for mode in ("full", "process")}
     assert floors <= names, floors - names
     for name, why in result["skipped"].items():
         assert why, name
@@ -382,6 +383,7 @@ def test_the_floors_do_the_work_they_stand_for(tmp_path: Path) -> None:
     floors = [systems.InPlaceCheckFloor("none")]
     if systems.projection_available() is None:
         floors.append(systems.TranscriptFloor("none", check=True))
+        floors.append(systems.TranscriptFloor("none", check=False, search=False))
     for i, floor in enumerate(floors):
         (tmp_path / str(i)).mkdir()
         floor.open(tmp_path / str(i))
@@ -401,12 +403,12 @@ def test_the_floors_do_the_work_they_stand_for(tmp_path: Path) -> None:
                 db = floor.projection._db
                 assert db.execute("SELECT count(*) FROM messages").fetchone()[0] == 30
                 word = held[0]["content"].split()[0]
-                assert (
-                    db.execute(
-                        "SELECT count(*) FROM messages_fts WHERE messages_fts MATCH ?", (f'"{word}"',)
-                    ).fetchone()[0]
-                    >= 1
-                )
+                found = db.execute(
+                    "SELECT count(*) FROM messages_fts WHERE messages_fts MATCH ?", (f'"{word}"',)
+                ).fetchone()[0]
+                assert found >= 1 if floor.search else found == 0  # the rows floor leaves the index alone
+            if not floor.check:
+                continue
             # The check must notice every edit the product notices, the ones plain == misses too.
             edits = [
                 ("content", held[3]["content"], "edited in place"),
@@ -479,3 +481,23 @@ def test_projection_redaction_scenario(tmp_path: Path) -> None:
     ]
     assert all(r["runs"] == 1 and r["ratio"] > 0 for r in result["rows"])
     print(bench_projection_redaction.render(result))
+
+
+def test_the_rows_current_target_shows_what_sqlite_alone_adds_to_a_bare_commit() -> None:
+    flush = {
+        "rows": [
+            _timed("eventlog flush trust [full] +projection rows current", 1.5),
+            _timed("eventlog flush trust [full]", 1.0),
+            _timed(runner.flush_floor(True, "full"), 0.5),
+            _timed(runner.rows_floor("full"), 0.9),
+        ]
+    }
+    found = {t["target"]: t for t in runner.targets({"flush": flush})}
+    target = found["trust-mode flush [full] with the projection's rows current <= 1.3x the flush alone"]
+    assert (target["status"], target["measured"]) == ("missed", "1.50x")
+    assert "leaves the projection 0.3 ms a turn" in target["detail"]
+    assert "adds 0.4 ms (0.9 ms against 0.5 ms)" in target["detail"]
+    # Without the floors in the run, the target stands on its own measurement.
+    flush["rows"] = flush["rows"][:2]
+    target = {t["target"]: t for t in runner.targets({"flush": flush})}[target["target"]]
+    assert "adds" not in target["detail"]
