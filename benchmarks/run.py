@@ -191,8 +191,7 @@ def targets(results: dict[str, Any]) -> list[dict[str, Any]]:
             )
             # What SQLite alone writing the turn's rows adds to a bare digested commit: beside
             # the 0.3x of the flush that the target leaves the projection.
-            rows = _row(flush, rows_floor(mode)) if flush else None
-            commit_floor = _row(flush, flush_floor(True, mode)) if flush else None
+            rows, commit_floor = _row(flush, rows_floor(mode)), _row(flush, flush_floor(True, mode))
             if rows and commit_floor:
                 added = rows["median_ms"] - commit_floor["median_ms"]
                 detail += (
