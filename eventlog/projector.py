@@ -28,12 +28,16 @@ logger = logging.getLogger("eventlog")
 
 COALESCE_WRITES = 16
 COALESCE_LAG = 0.005
+COALESCE_MAX_LAG = 0.05
 """Before a catch-up round, the projector gathers writes: it starts the round once this many
-have arrived, or this many seconds after it was ready for one, or at once when a reader waits
-(the projection's own read methods, ``sync_projections``), so one round's fixed costs (a SQLite
-transaction, its checkpoint, the search index's batch) serve many writes.  Readers of the
-database itself see a write's rows at most this much later than the round before would have
-let them."""
+have arrived, once the writes have paused for this many seconds, or this many seconds after the
+first of them arrived however fast they keep coming, and at once when a reader waits (the
+projection's own read methods, ``sync_projections``).  So one round's fixed costs (a SQLite
+transaction, its checkpoint, the search index's batch) serve many writes, and a round on the
+log's thread runs in the writer's pauses rather than beside its writes, where the two take
+turns for the GIL and the writer waits at each hand-over (measured: a round beside a run of
+writes cost them more time than the same round took after them).  Readers of the database
+itself see a write's rows at most about :data:`COALESCE_MAX_LAG` plus a round later."""
 
 OFFLOADED_WRITES = 4
 """The :data:`COALESCE_WRITES` of a projector whose projections are all caught up in processes of
@@ -97,6 +101,9 @@ class Projector:
         self._stopping = False
         self._stopped = False
         self._pokes = 0  # writes poked since the last round began
+        self._first_poke = 0.0  # when the first of them arrived (time.monotonic)
+        self._last_poke = 0.0  # when the last of them arrived
+        self._quiet = gather is None  # wait for a pause in the writes (see COALESCE_LAG)
         self._readers = 0  # callers in wait(): a round starts at once for them
         self._runner: int | None = None  # the thread running a round (the projector's or a reader's)
         self._thread = threading.Thread(target=self._run, name="eventlog-projector", daemon=True)
@@ -108,6 +115,9 @@ class Projector:
             if seq > self._wanted:
                 self._wanted = seq
                 self._pokes += 1
+                self._last_poke = time.monotonic()
+                if self._pokes == 1:
+                    self._first_poke = self._last_poke
                 if self._pokes == 1 or self._pokes >= self._gathered():
                     self._cond.notify_all()
 
@@ -246,14 +256,32 @@ class Projector:
     def _no_more_gathering(self) -> bool:
         return self._readers > 0 or self._stopping or self._pokes >= self._gathered()
 
+    def _gather_writes(self) -> None:
+        """Wait (holding the lock) until a round is due: see :data:`COALESCE_LAG`.
+
+        A projector whose rounds run in other processes (``gather`` given) does not wait for a
+        pause: its rounds do not take turns with the writer, and it starts one
+        :data:`COALESCE_LAG` after it was ready.
+        """
+        ready = time.monotonic()
+        while not self._no_more_gathering():
+            if self._quiet:
+                due = min(self._last_poke + COALESCE_LAG, self._first_poke + COALESCE_MAX_LAG)
+            else:
+                due = ready + COALESCE_LAG
+            left = due - time.monotonic()
+            if left <= 0:
+                return
+            self._cond.wait(left)
+
     def _run(self) -> None:
         try:
             while True:
                 with self._lock:
                     # After a failed round, the pause running out is due too.
                     self._cond.wait_for(self._due, self._pause if self._failing else None)
-                    if not self._failing:  # gather more writes for this round (see COALESCE_WRITES)
-                        self._cond.wait_for(self._no_more_gathering, COALESCE_LAG)
+                    if not self._failing:
+                        self._gather_writes()
                     if self._runner is not None:
                         continue  # a reader took this round (see _apply_here)
                     if self._wanted <= self._done and not self._failing:

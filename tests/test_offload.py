@@ -241,6 +241,7 @@ def test_a_round_starts_after_fewer_writes_when_it_runs_in_a_process_of_its_own(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, process: bool
 ) -> None:
     monkeypatch.setattr("eventlog.projector.COALESCE_LAG", 60.0)  # only the count of writes starts a round
+    monkeypatch.setattr("eventlog.projector.COALESCE_MAX_LAG", 60.0)
     proj = SQLiteProjection(tmp_path / "p.db")
     messages: list[dict[str, Any]] = []
     try:

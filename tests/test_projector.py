@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import sqlite3
 import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -339,6 +340,7 @@ def test_a_reader_applies_the_writes_itself_while_the_projector_is_idle(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setattr("eventlog.projector.COALESCE_LAG", 60.0)  # the projector would gather for a minute
+    monkeypatch.setattr("eventlog.projector.COALESCE_MAX_LAG", 60.0)
     where = Where()
     with EventLog.open(tmp_path / "log", projections=[where]) as log:
         log.flush("s", [user("q")])
@@ -353,6 +355,7 @@ def test_an_interrupted_round_of_a_reader_leaves_the_writes_to_the_next(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setattr("eventlog.projector.COALESCE_LAG", 60.0)
+    monkeypatch.setattr("eventlog.projector.COALESCE_MAX_LAG", 60.0)
     where = Where()
     with EventLog.open(tmp_path / "log", projections=[where]) as log:
         log.flush("s", [user("q")])
@@ -362,3 +365,53 @@ def test_an_interrupted_round_of_a_reader_leaves_the_writes_to_the_next(
         rounds = len(where.threads)
         assert log.sync_projections(timeout=30)  # neither waiter nor projector is stuck
         assert len(where.threads) == rounds + 1
+
+
+class Rounds:
+    """A projection that records when each catch-up round starts (``time.monotonic``)."""
+
+    def __init__(self) -> None:
+        self.started: list[float] = []
+
+    def catch_up(self, log: EventLog) -> int:
+        self.started.append(time.monotonic())
+        return 0
+
+
+def test_a_round_on_the_logs_thread_waits_for_the_writes_to_pause(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Beside a run of writes a round would take turns with them for the GIL: it waits for a pause."""
+    monkeypatch.setattr("eventlog.projector.COALESCE_LAG", 0.4)
+    monkeypatch.setattr("eventlog.projector.COALESCE_MAX_LAG", 60.0)
+    monkeypatch.setattr("eventlog.projector.COALESCE_WRITES", 10**6)
+    rounds = Rounds()
+    with EventLog.open(tmp_path / "log", durability="none", projections=[rounds]) as log:
+        opened = len(rounds.started)
+        first = time.monotonic()
+        while time.monotonic() - first < 1.2:  # three times the pause: a timer from the first write fires
+            log.append("s", [user("m")])
+            time.sleep(0.01)
+        last = time.monotonic()
+        deadline = last + 30
+        while len(rounds.started) == opened and time.monotonic() < deadline:
+            time.sleep(0.01)  # nobody waits for the rows: the projector starts the round by itself
+        assert len(rounds.started) > opened
+        assert rounds.started[opened] >= last, "a round started while the writes went on"
+
+
+def test_writes_that_never_pause_are_applied_within_the_longest_lag(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr("eventlog.projector.COALESCE_LAG", 60.0)
+    monkeypatch.setattr("eventlog.projector.COALESCE_MAX_LAG", 0.2)
+    monkeypatch.setattr("eventlog.projector.COALESCE_WRITES", 10**6)
+    rounds = Rounds()
+    with EventLog.open(tmp_path / "log", durability="none", projections=[rounds]) as log:
+        opened = len(rounds.started)
+        first = time.monotonic()
+        while len(rounds.started) == opened and time.monotonic() - first < 30:
+            log.append("s", [user("m")])
+            time.sleep(0.01)
+        assert len(rounds.started) > opened, "no round while the writes went on"
+        assert rounds.started[opened] - first >= 0.2
