@@ -4,8 +4,9 @@ A projection is derived data: the log is the source of truth, and a write is
 acknowledged once the log has committed it.  So :class:`Projector` applies new
 events to the attached projections *after* the write returns, on one background
 thread per log, and the agent's turn never waits for a transcript table or a
-search index.  While the caller's commit waits on its fsync, the projector's
-SQLite work runs on another core.
+search index.  A round that runs on this thread waits for a pause in the writes
+(see :data:`COALESCE_LAG`): the agent's own pauses between turns, where it takes
+nothing from a write.
 
 Readers that need what they just wrote call :meth:`Projector.wait` (a projection
 that was given it through ``bind`` does so before each read), which returns once
