@@ -322,14 +322,17 @@ def test_a_reader_never_waits_for_more_writes_to_gather(tmp_path: Path) -> None:
 
 
 class Where:
-    """A projection that records the thread of each catch-up, and raises ``fail`` once."""
+    """A projection that records the thread and start (``time.monotonic``) of each catch-up,
+    and raises ``fail`` once."""
 
     def __init__(self) -> None:
         self.threads: list[threading.Thread] = []
+        self.started: list[float] = []
         self.fail: BaseException | None = None
 
     def catch_up(self, log: EventLog) -> int:
         self.threads.append(threading.current_thread())
+        self.started.append(time.monotonic())
         if self.fail is not None:
             fail, self.fail = self.fail, None
             raise fail
@@ -367,17 +370,6 @@ def test_an_interrupted_round_of_a_reader_leaves_the_writes_to_the_next(
         assert len(where.threads) == rounds + 1
 
 
-class Rounds:
-    """A projection that records when each catch-up round starts (``time.monotonic``)."""
-
-    def __init__(self) -> None:
-        self.started: list[float] = []
-
-    def catch_up(self, log: EventLog) -> int:
-        self.started.append(time.monotonic())
-        return 0
-
-
 def test_a_round_on_the_logs_thread_waits_for_the_writes_to_pause(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -385,7 +377,7 @@ def test_a_round_on_the_logs_thread_waits_for_the_writes_to_pause(
     monkeypatch.setattr("eventlog.projector.COALESCE_LAG", 0.6)  # a write is never that late here
     monkeypatch.setattr("eventlog.projector.COALESCE_MAX_LAG", 60.0)
     monkeypatch.setattr("eventlog.projector.COALESCE_WRITES", 10**6)
-    rounds = Rounds()
+    rounds = Where()
     with EventLog.open(tmp_path / "log", durability="none", projections=[rounds]) as log:
         opened = len(rounds.started)
         first = time.monotonic()
@@ -406,7 +398,7 @@ def test_writes_that_never_pause_are_applied_within_the_longest_lag(
     monkeypatch.setattr("eventlog.projector.COALESCE_LAG", 60.0)
     monkeypatch.setattr("eventlog.projector.COALESCE_MAX_LAG", 0.2)
     monkeypatch.setattr("eventlog.projector.COALESCE_WRITES", 10**6)
-    rounds = Rounds()
+    rounds = Where()
     with EventLog.open(tmp_path / "log", durability="none", projections=[rounds]) as log:
         opened = len(rounds.started)
         first = time.monotonic()
