@@ -236,6 +236,7 @@ def targets(results: dict[str, Any]) -> list[dict[str, Any]]:
     sustained = results.get("projection")
     if sustained:
         per_write = _row(sustained, bench_projection.PER_WRITE)
+        here = _row(sustained, bench_projection.HERE)
         for name, where in (
             (bench_projection.GATHERED, "on the log's thread"),
             (bench_projection.IN_PROCESS, "in a process of its own"),
@@ -244,6 +245,8 @@ def targets(results: dict[str, Any]) -> list[dict[str, Any]]:
             if not row:
                 continue
             detail = f"{fmt(row['median_ms'])} ms per turn in blocks of {sustained['block']}"
+            if name == bench_projection.GATHERED and here:
+                detail += f"; waited for with no timeout, as the projection's read methods wait: {here['x_alone']:.2f}x"
             if name == bench_projection.GATHERED and per_write:
                 detail += f"; a round per write: {per_write['x_alone']:.2f}x"
             out.append(

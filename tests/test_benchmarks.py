@@ -190,7 +190,12 @@ def test_projection_scenario(tmp_path: Path) -> None:
     names = [row["system"] for row in result["rows"]]
     assert names[0] == bench_projection.ALONE and result["rows"][0]["x_alone"] == 1
     if not result["skipped"]:
-        assert names[1:] == [bench_projection.GATHERED, bench_projection.PER_WRITE, bench_projection.IN_PROCESS]
+        assert names[1:] == [
+            bench_projection.GATHERED,
+            bench_projection.HERE,
+            bench_projection.PER_WRITE,
+            bench_projection.IN_PROCESS,
+        ]
     print(bench_projection.render(result))
 
 
@@ -501,3 +506,26 @@ def test_the_rows_current_target_shows_what_sqlite_alone_adds_to_a_bare_commit()
     flush["rows"] = flush["rows"][:2]
     target = {t["target"]: t for t in runner.targets({"flush": flush})}[target["target"]]
     assert "adds" not in target["detail"]
+
+
+def test_the_sustained_projection_target_stands_on_the_timed_wait_and_shows_the_other() -> None:
+    def row(system: str, ratio: float) -> dict:
+        return {**_timed(system, ratio), "x_alone": ratio}
+
+    sustained = {
+        "block": 10,
+        "rows": [
+            row(bench_projection.ALONE, 1.0),
+            row(bench_projection.GATHERED, 1.32),
+            row(bench_projection.HERE, 1.27),
+            row(bench_projection.PER_WRITE, 1.9),
+        ],
+    }
+    found = {t["target"]: t for t in runner.targets({"projection": sustained})}
+    target = found[
+        "sustained trust-mode flush [full] with the projection (on the log's thread), until rows are current, "
+        "<= 1.3x the flush alone"
+    ]
+    assert (target["status"], target["measured"]) == ("missed", "1.32x")
+    assert "waited for with no timeout, as the projection's read methods wait: 1.27x" in target["detail"]
+    assert "a round per write: 1.90x" in target["detail"]
