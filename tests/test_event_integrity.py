@@ -165,3 +165,56 @@ def test_the_checks_hold_across_read_batches(damaged, tmp_path: Path, batch: int
             for record in iter_events(log._store, 0, batch=batch):
                 seen.append(record.seq)
         assert seen == list(range(1, seq))
+
+
+def _flip_in_place(path: Path, old: bytes, new: bytes) -> None:
+    """``_flip`` on a log that is open: the bytes change under its map, the file is not replaced."""
+    with open(path / "data.mdb", "r+b") as data:
+        raw = data.read()
+        assert old in raw and len(old) == len(new)
+        at = raw.find(old)
+        while at != -1:
+            data.seek(at)
+            data.write(new)
+            at = raw.find(old, at + 1)
+
+
+def test_the_log_that_wrote_an_event_still_catches_its_damage(tmp_path: Path):
+    """The writer's own hash of an event is reused only for the very bytes it hashed."""
+    path = tmp_path / "log"
+    with EventLog.open(path) as log:
+        log.flush("a", [user("hello"), assistant("hi")])
+        log.flush("b", [user("the quick brown fox jumps over the lazy dog")])
+        seq = log.last_seq
+        log.flush("a", [user("hello"), assistant("hi"), user("more")])
+        assert [r.seq for r in log.events()] == list(range(1, log.last_seq + 1))
+        _flip_in_place(path, b"quick", b"quack")
+        with pytest.raises(CorruptLogError, match=rf"event {seq}\b"):
+            list(log.events())
+        with SQLiteProjection(tmp_path / "proj.sqlite") as projection:
+            with pytest.raises(CorruptLogError, match=rf"event {seq}\b"):
+                projection.catch_up(log)
+            assert projection.search("quack") == []
+
+
+def test_reading_back_a_write_does_not_hash_its_events_again(tmp_path: Path, monkeypatch):
+    """What a projection reads right after a write was hashed by the write; a large event,
+    or any event read by another process, is hashed as it is read."""
+    from eventlog import store
+
+    hashed: list[int] = []
+    real = store.event_hash
+    monkeypatch.setattr(store, "event_hash", lambda seq, raw: hashed.append(seq) or real(seq, raw))
+    path = tmp_path / "log"
+    with EventLog.open(path) as log:
+        log.flush("a", [user("hello"), assistant("hi")])
+        log.flush("a", [user("hello"), assistant("hi"), user("x" * store.HASHED_EVENT_MAX)])
+        large = log.last_seq
+        log.flush("a", [user("hello"), assistant("hi"), user("x" * store.HASHED_EVENT_MAX), user("more")])
+        hashed.clear()
+        records = list(log.events())
+        assert hashed == [large]
+    with EventLog.open(path) as log:
+        hashed.clear()
+        assert list(log.events()) == records
+        assert hashed == [r.seq for r in records]
