@@ -199,6 +199,7 @@ class EventLog:
         self._turns_guard = threading.Lock()
         self._projections = list(projections)
         self._projector: Projector | None = None
+        offloaded = False
         if self._projections and project_in_background:
             runners: list[Projection] = list(self._projections)
             if projection_process:
@@ -210,6 +211,8 @@ class EventLog:
             )
             for projection in self._projections:
                 bind(projection, self._projector.waiter(projection))
+        if self._projections and not offloaded:
+            store.written.keep()  # the projections read back each write here: its hashes serve them
         self._relay: Relay | None = None
         if relay and not store.readonly and store.locked and store.sync_data:
             self._relay = Relay(store, self._writer, self._carried)

@@ -945,24 +945,33 @@ class WrittenHashes:
     redaction rewrote or that another process wrote under the same seq reads as different
     bytes, and is hashed afresh.
 
-    A ring of :data:`HASHES_KEPT` slots indexed by seq: the writer (one thread at a time,
-    in its transaction) replaces a slot whole, readers on other threads read one.
+    Nothing is kept until :meth:`keep` (a log with projections read in this process): a
+    ring of :data:`HASHES_KEPT` slots indexed by seq, where the writer (one thread at a
+    time, in its transaction) replaces a slot whole and readers on other threads read one.
     """
 
     __slots__ = ("slots",)
 
     def __init__(self) -> None:
-        self.slots: list[tuple[int, bytes, bytes] | None] = [None] * HASHES_KEPT
+        self.slots: list[tuple[int, bytes, bytes] | None] = []
+
+    def keep(self) -> None:
+        """Remember the events written from now on."""
+        if not self.slots:
+            self.slots = [None] * HASHES_KEPT
 
     def remember(self, seq: int, raw: bytearray, digest: bytes) -> None:
-        if len(raw) <= HASHED_EVENT_MAX:
-            self.slots[seq % HASHES_KEPT] = (seq, bytes(raw), digest)
+        slots = self.slots
+        if slots and len(raw) <= HASHED_EVENT_MAX:
+            slots[seq % HASHES_KEPT] = (seq, bytes(raw), digest)
 
     def hash(self, seq: int, raw: bytes) -> bytes:
         """``event_hash(seq, raw)``, from the ring when it holds these very bytes."""
-        kept = self.slots[seq % HASHES_KEPT]
-        if kept is not None and kept[0] == seq and kept[1] == raw:
-            return kept[2]
+        slots = self.slots
+        if slots:
+            kept = slots[seq % HASHES_KEPT]
+            if kept is not None and kept[0] == seq and kept[1] == raw:
+                return kept[2]
         return event_hash(seq, raw)
 
 
