@@ -13,7 +13,8 @@ monitor's ticks, as the idle loop costs them, left out),
 and the event loop's lag while the tasks
 ran: a monitor task asks to wake every millisecond and records how late each wake-up comes;
 the worst and the 99th percentile are reported (goal: worst <= 5 ms).  Every case runs
-three times (``--quick``: once), round by round in a shuffled order; the median run is shown.
+five times (``--quick``: once), round by round in a shuffled order; the median run is shown,
+and the ratios of the runs paired round by round.
 
 Run it (from the repository root)::
 
@@ -163,7 +164,7 @@ def run(
     workers: int = DEFAULT_WORKERS,
 ) -> dict[str, Any]:
     turns = turns or (8 if quick else 20)
-    samples = samples or (1 if quick else 3)
+    samples = samples or (1 if quick else 5)
     plans = [plan(task, turns) for task in range(tasks)]
     cases = [("serial", 1, "full"), ("tasks", tasks, "full"), ("serial", 1, "process"), ("tasks", tasks, "process")]
     runs: dict[tuple[str, int, str], list[dict[str, Any]]] = {case: [] for case in cases}

@@ -442,6 +442,7 @@ def _aio_targets(aio: dict[str, Any] | None) -> list[dict[str, Any]]:
             "detail": (
                 f"{tasks['turns_per_s']:,.0f} turns/s, {fmt(tasks['flushes_per_commit'])} flushes per commit "
                 "(in batches: one write of many flushes)"
+                + (f"; runs {tasks['x_serial_range']}x" if tasks.get("x_serial_range") else "")
             ),
         },
         {
