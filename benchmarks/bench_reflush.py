@@ -12,7 +12,18 @@ this times, interleaved round by round:
   list: everything must be encoded and hashed);
 - ``rehash all`` (the yardstick): canonical msgpack of every message
   (``msgspec.msgpack.Encoder(order="deterministic")``) and the SHA-256 chain
-  (content digest, then node digest) -- what a naive implementation does.
+  (content digest, then node digest) -- what a naive implementation does;
+- ``reflush trust, short session beside`` (:data:`SHORT_BESIDE`): a trusting log's
+  re-flush of a session of :data:`SHORT` messages, in the same round as each length's, right
+  after the same kind of work (a default-mode flush of the length's list): how much of
+  the longer session's cost is its length, and how much the state of the caches it finds
+  after the round's other flushes, which grows with the length too;
+- ``floor: pointer check`` (:data:`POINTER_FLOOR`): the least a trust-mode re-flush does to
+  know the list is unchanged, one comparison of the list with a list of the same objects
+  held since the last flush (list equality compares pointers first, in C), timed at the end
+  of each round, after a default-mode flush of the same list, as the trust-mode re-flush is.
+  Its growth from the shortest session to the longest is what any trust-mode re-flush adds
+  by session length, however lean the rest.
 
 Reported: median/p90/p99 per re-flush, messages/s, and the ratio of each median to
 ``rehash all`` of the same length (the target: default re-flush below 0.6x).
@@ -37,6 +48,9 @@ from benchmarks.workload import Workload
 from eventlog import EventLog
 
 SIZES = (100, 1_000, 5_000, 10_000)
+POINTER_FLOOR = "floor: pointer check"
+SHORT = 100
+SHORT_BESIDE = "reflush trust, short session beside"
 QUICK_SIZES = (100, 1_000)
 
 _encode = msgspec.msgpack.Encoder(order="deterministic").encode
@@ -76,9 +90,19 @@ def run(
                 "reflush trust": [],
                 "reflush fresh copies": [],
                 "rehash all": [],
+                POINTER_FLOOR: [],
+                SHORT_BESIDE: [],
             }
+            held = list(messages)  # the same objects, in a list of its own, as a trusting log holds them
+            short = messages[:SHORT]
             # LMDB opens an environment once per process: the trusting log is its own copy.
-            with EventLog.open(path) as log, EventLog.open(root / f"trusted-{size}", trust_identity=True) as trusted:
+            with (
+                EventLog.open(path) as log,
+                EventLog.open(root / f"trusted-{size}", trust_identity=True) as trusted,
+                EventLog.open(root / f"short-{size}", trust_identity=True) as beside,
+            ):
+                beside.flush("s", short)
+                beside.flush("s", short)
                 log.flush("s", messages)
                 head = log.head("s")
                 trusted.flush("s", messages)
@@ -104,6 +128,14 @@ def run(
                         log.flush("s", fresh)
                         samples["reflush fresh copies"].append(now_ns() - start)
                         log.flush("s", messages)  # the cached snapshot is the agent's list again
+                        start = now_ns()
+                        result = beside.flush("s", short)  # after that flush, as the trusting re-flush came
+                        samples[SHORT_BESIDE].append(now_ns() - start)
+                        assert result.appended == 0
+                        start = now_ns()
+                        unchanged = held == messages
+                        samples[POINTER_FLOOR].append(now_ns() - start)
+                        assert unchanged
             base = summary(samples["rehash all"], size)["median_ms"]
             for name, values in samples.items():
                 row = {"system": name, "messages": size}
@@ -133,6 +165,12 @@ def render(result: dict[str, Any]) -> str:
             f"\ntrust mode, largest / smallest session: {fmt(trust[-1]['median_ms'] / trust[0]['median_ms'])}x "
             f"for {trust[-1]['messages'] // trust[0]['messages']}x the messages"
         )
+        beside = [r for r in result["rows"] if r["system"] == SHORT_BESIDE]
+        if beside:
+            lines.append(
+                f"trust mode, largest session / a {SHORT}-message one re-flushed in the same rounds: "
+                f"{fmt(trust[-1]['median_ms'] / beside[-1]['median_ms'])}x"
+            )
     return "\n".join(lines)
 
 

@@ -97,6 +97,8 @@ def test_reflush_scenario(tmp_path: Path) -> None:
         "reflush trust",
         "reflush fresh copies",
         "rehash all",
+        bench_reflush.POINTER_FLOOR,
+        bench_reflush.SHORT_BESIDE,
     }
     assert bench_reflush.rehash_all(Workload().messages(3)) != bench_reflush.rehash_all(Workload().messages(4))
     print(bench_reflush.render(result))
@@ -387,6 +389,37 @@ def test_a_missed_target_is_out_of_reach_only_when_its_floor_needs_more_than_the
     assert status["durable 10-message append [full] within 1.5x of a bare py-lmdb commit"] == "missed"
     assert status["group commit: 8 threads >= 2x one writer's durable flush rate"] == out  # bound 1.8x
     assert status["group commit (trust mode): 8 threads >= 2x one writer's durable flush rate"] == "missed"
+
+
+def test_the_flat_reflush_target_is_out_of_reach_only_when_the_pointer_check_grows_more_than_it_allows() -> None:
+    def reflush(trust: tuple[float, float], pointers: tuple[float, float]) -> dict:
+        rows = []
+        for system, (short, long) in (("reflush trust", trust), (bench_reflush.POINTER_FLOOR, pointers)):
+            rows += [_timed(system, short, messages=100), _timed(system, long, messages=10_000)]
+        return {"sizes": [100, 10_000], "rows": rows}
+
+    def verdict(result: dict) -> dict:
+        (found,) = [t for t in runner.targets({"reflush": result}) if t["target"].startswith("unchanged re-flush flat")]
+        return found
+
+    assert verdict(reflush((0.02, 0.03), (0.001, 0.04)))["status"] == "met"  # 1.5x: no floor asked for
+    missed = verdict(reflush((0.02, 0.06), (0.001, 0.015)))  # the pointers add 0.014 ms, under the 0.02 allowed
+    assert missed["status"] == "missed" and "0.015 ms at 10,000" in missed["detail"]
+    assert verdict(reflush((0.02, 0.06), (0.001, 0.03)))["status"] == runner.OUT_OF_REACH  # they add 0.029 ms
+    # With a short session re-flushed in the same rounds, the long one is judged against it.
+    result = reflush((0.02, 0.06), (0.001, 0.015))
+    result["rows"] += [
+        _timed(bench_reflush.SHORT_BESIDE, 0.02, messages=100),
+        _timed(bench_reflush.SHORT_BESIDE, 0.04, messages=10_000),
+    ]
+    beside = verdict(result)
+    assert beside["status"] == "met" and beside["measured"] == "1.5x for 100x messages"
+    assert (
+        "against 0.04 ms for a 100-message session in the same rounds; across the rounds of each length, 3.0x"
+        in (beside["detail"])
+    )
+    result["rows"][-1]["median_ms"] = 0.025  # 2.4x: missed, and the pointers' 0.014 ms fit in the 0.025 allowed
+    assert verdict(result)["status"] == "missed"
 
 
 def test_the_floors_do_the_work_they_stand_for(tmp_path: Path) -> None:
