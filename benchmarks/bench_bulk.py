@@ -86,7 +86,8 @@ def import_floor(
     payload commitment, its leaf and the leaf's step into the tree.  Returns the last node digest.
 
     With ``env`` (a bare LMDB environment), the messages are also stored, as little as an import
-    stores them: the bodies and salts joined into one value, put under ``seq`` and committed."""
+    stores them: the bodies and salts joined into one value (one copy, as the import encodes its
+    event once into its buffer), put under ``seq`` and committed."""
     bodies = list(map(_encode, messages))
     digests = list(map(_DIGEST, map(sha256, bodies)))
     parent = _ZERO

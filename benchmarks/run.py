@@ -315,11 +315,12 @@ def targets(results: dict[str, Any]) -> list[dict[str, Any]]:
                 # same work: the caches are in the same state for both.
                 short = beside[-1]
                 growth = trust[-1]["median_ms"] / short["median_ms"]
-                sizes = trust[-1]["messages"] / bench_reflush.SHORT
+                held = short.get("session", bench_reflush.SHORT)
+                sizes = trust[-1]["messages"] / held
                 measured = f"{growth:.1f}x for {sizes:.0f}x messages"
                 detail = (
                     f"{fmt(trust[-1]['median_ms'])} ms at {trust[-1]['messages']:,} against {fmt(short['median_ms'])} ms "
-                    f"for a {bench_reflush.SHORT}-message session in the same rounds; across the rounds of each "
+                    f"for a {held:,}-message session in the same rounds; across the rounds of each "
                     f"length, {across:.1f}x ({detail})"
                 )
                 allowance = short["median_ms"]

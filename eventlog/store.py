@@ -107,11 +107,11 @@ DURABILITY: Final = {
 
 _ZERO_VIEW = memoryview(bytes(MIB))  # slices without copies
 EVENT_BUFFER_KEEP = 4 * MIB
+"""A store keeps the buffer it encodes events into for the next event while it stays this small."""
 HASHES_KEPT: Final = 64
 """How many of the newest events this process wrote :class:`WrittenHashes` remembers."""
 HASHED_EVENT_MAX: Final = 64 * 1024
 """Bytes of the largest event it remembers (a turn's is about ten kilobytes)."""
-"""A store keeps the buffer it encodes events into for the next event while it stays this small."""
 PAGE = 4096
 MARKER = "eventlog.id"
 """A file written beside the LMDB files once the log exists (its id in hex): with it, an empty

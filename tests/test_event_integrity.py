@@ -222,3 +222,20 @@ def test_reading_back_a_write_does_not_hash_its_events_again(tmp_path: Path, mon
         hashed.clear()
         assert list(log.events())[: len(records)] == records
         assert hashed == list(range(1, log.last_seq + 1))
+
+
+def test_a_log_whose_projections_run_in_other_processes_keeps_no_hashes(tmp_path: Path, monkeypatch):
+    """Projections caught up in processes of their own read the log there: the writer keeps nothing for them."""
+    from eventlog import store
+
+    hashed: list[int] = []
+    real = store.event_hash
+    monkeypatch.setattr(store, "event_hash", lambda seq, raw: hashed.append(seq) or real(seq, raw))
+    projection = SQLiteProjection(tmp_path / "proj.sqlite")
+    with EventLog.open(tmp_path / "log", projections=[projection], projection_process=True) as log, projection:
+        log.flush("a", [user("hello"), assistant("hi")])
+        log.flush("a", [user("hello"), assistant("hi"), user("more")])
+        assert len(projection.messages("a")) == 3
+        hashed.clear()
+        list(log.events())
+        assert hashed == list(range(1, log.last_seq + 1))
