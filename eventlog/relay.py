@@ -30,6 +30,11 @@ What keeps it exact:
   wrote itself meanwhile, even if the session came back to the same head since.
 - Every answer is checked against the log before the call returns: the session's stored
   length and head must be those the request made.
+- A request whose sender has gone (its connection hung up: the process died, or closed the
+  log) is not written; that too is checked holding LMDB's writer lock.  Opening a log takes
+  that lock too (its databases are opened in a write transaction), so a process started
+  after the sender died, to take over its sessions, opens it once any commit in flight has
+  ended: what it reads then is final for the dead sender, and no request of its lands later.
 
 Only flushes that extend a transcript with no display overrides travel; rewinds, edits,
 compactions, appends and every other write are committed by the process making them, as
@@ -45,6 +50,7 @@ import fcntl
 import logging
 import os
 import queue
+import select
 import selectors
 import socket
 import struct
@@ -604,9 +610,10 @@ class _Carrier:
         def body(txn: lmdb.Transaction) -> list[Answer]:
             now = time.time_ns()
             answers = []
-            for _, ask in asks:
+            for conn, ask in asks:
                 answer = Answer(None)
-                if time.monotonic() < ask.deadline:  # checked holding LMDB's writer lock
+                # Both checked holding LMDB's writer lock (see the module's notes).
+                if time.monotonic() < ask.deadline and (isinstance(conn, _Own) or _connected(conn)):
                     before = tip.pending
                     child = store.env.begin(write=True, parent=txn)
                     try:
@@ -690,6 +697,23 @@ def _extend(writer: Writer, txn: lmdb.Transaction, part: Part, now: int) -> Flus
         return None
     messages = NewMessages(part.bodies, digests, nodes, summaries=part.summaries)
     return writer.extend(txn, part.session, part.length, part.head, messages, now)
+
+
+_HUNG_UP = select.POLLHUP | select.POLLRDHUP | select.POLLERR | select.POLLNVAL
+
+
+def _connected(conn: socket.socket) -> bool:
+    """Whether the sender at the other end of ``conn`` is still there to hear its answer.
+
+    A sender that died (or closed) hung up its end; the gathering thread may also have closed
+    this one on reading the end of the stream.  Data still unread does not hide a hang-up."""
+    fd = conn.fileno()
+    if fd < 0:
+        return False
+    poller = select.poll()
+    poller.register(fd, _HUNG_UP)
+    hung_up = any(events & _HUNG_UP for _, events in poller.poll(0))
+    return not hung_up and conn.fileno() == fd  # closed meanwhile: the fd may be another's now
 
 
 _CREDENTIALS = struct.Struct("3i")  # struct ucred: pid, uid, gid

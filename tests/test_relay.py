@@ -380,3 +380,60 @@ def test_a_relayed_flush_found_stored_again_needs_no_sync(tmp_path: Path) -> Non
             store.sync = lambda: syncs.append(True) or real()  # type: ignore[method-assign]
             assert log.flush("s", messages).appended == 0
             assert syncs == []
+
+
+def test_the_carrier_does_not_write_a_request_whose_sender_has_gone(tmp_path: Path) -> None:
+    """A sender killed while its request waits for the carrier's commit: the request is dropped,
+    so a process taking over its sessions never sees it land after it looked."""
+    with EventLog.open(tmp_path / "log") as log:
+        log.flush("carrier", turns("c", 1))  # this process now carries
+        messages = turns("s", 1)
+        gone = _connect(log)
+        held = log._store.env.begin(write=True)  # the carrier's commit waits for LMDB's writer lock
+        try:
+            body = msgspec.msgpack.encode(Ask(time.monotonic() + 30, [_part(log, "s", messages, 0, ZERO)]))
+            gone.sendall(struct.pack("<I", len(body)) + body)
+            time.sleep(0.5)  # the carrier has read the request and waits for the lock
+            gone.close()  # the sender dies before its request is written
+        finally:
+            held.abort()
+        time.sleep(0.5)  # the carrier's commit runs
+        assert "s" not in log
+        with _connect(log) as staying:  # the same request from a sender that waits is written
+            answer = _ask(staying, Ask(time.monotonic() + 30, [_part(log, "s", messages, 0, ZERO)]))
+            assert answer is not None and answer.results is not None
+        assert log.messages("s") == messages
+        assert log.verify().ok
+
+
+OPENER = """
+import sys, time
+from eventlog import EventLog
+print("ready", flush=True)
+log = EventLog.open(sys.argv[1])
+print(time.monotonic(), flush=True)
+log.close()
+"""
+
+
+def test_opening_a_log_waits_for_a_write_in_flight(tmp_path: Path) -> None:
+    """Opening takes LMDB's writer lock (the databases are opened in a write transaction): what a
+    process reads first is final for any process that died before it opened."""
+    path = tmp_path / "log"
+    with EventLog.open(path) as log:
+        log.flush("s", turns("s", 1))
+        held = log._store.env.begin(write=True)  # another process's commit, in flight
+        try:
+            with Child(OPENER, str(path)) as opener:
+                opener.wait_ready()
+                time.sleep(1.0)  # the opener is inside EventLog.open by now
+                released = time.monotonic()
+                held.abort()
+                held = None
+                assert opener.popen.stdout is not None
+                opened = float(opener.popen.stdout.readline())
+                assert opener.popen.wait(timeout=60) == 0, opener.stderr()
+        finally:
+            if held is not None:
+                held.abort()
+        assert opened >= released
