@@ -699,7 +699,8 @@ def _extend(writer: Writer, txn: lmdb.Transaction, part: Part, now: int) -> Flus
     return writer.extend(txn, part.session, part.length, part.head, messages, now)
 
 
-_HUNG_UP = select.POLLHUP | select.POLLRDHUP | select.POLLERR | select.POLLNVAL
+# POLLRDHUP (Linux): the peer closed even while data it sent is still unread.
+_HUNG_UP = select.POLLHUP | getattr(select, "POLLRDHUP", 0) | select.POLLERR | select.POLLNVAL
 
 
 def _connected(conn: socket.socket) -> bool:
