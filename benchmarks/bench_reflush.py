@@ -179,7 +179,7 @@ def render(result: dict[str, Any]) -> str:
         beside = [r for r in result["rows"] if r["system"] == SHORT_BESIDE]
         if beside:
             lines.append(
-                f"trust mode, largest session / a {SHORT}-message one re-flushed in the same rounds: "
+                f"trust mode, largest session / a {beside[-1]['session']}-message one re-flushed in the same rounds: "
                 f"{fmt(trust[-1]['median_ms'] / beside[-1]['median_ms'])}x"
             )
     return "\n".join(lines)
