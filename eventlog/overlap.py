@@ -8,6 +8,11 @@ event's leaf for the Merkle tree and its messages' chain entries.  A job the wor
 not taken up by then (its CPU is busy with other work) is taken back and hashed by the
 caller, so handing it over never costs more than a few microseconds.
 
+The same worker hashes a bulk flush's message bodies (:func:`eventlog.snapshot.prepare`):
+``_digest.each`` takes a part of them while the writer encodes the next part, and
+``_digest.chain`` links the digests into node digests, each in one C loop rather than a
+``hashlib`` object per digest.
+
 Without the extension (built without a C compiler or OpenSSL's headers, or
 ``EVENTLOG_PURE_PYTHON`` set), on a machine with one CPU for this process, and for
 buffers under :data:`OVERLAP_FROM`, the caller hashes the buffer itself, before the

@@ -33,7 +33,7 @@ from hashlib import sha256
 from math import copysign
 from typing import Any, Final
 
-from . import codec
+from . import codec, overlap
 from .codec import MAX_DEPTH, ZERO
 
 EPHEMERAL_FLAGS = (
@@ -310,6 +310,12 @@ PLAIN_BATCH = 32
 """From this many new messages, :func:`~eventlog.codec.plain_batch` validates them (its passes
 cost more than a loop over a turn's ten, less from about thirty)."""
 
+EACH_FROM = 64
+"""From this many new messages (a bulk flush, not a turn), :func:`_extend_batch` hashes the
+bodies with ``eventlog._digest`` (:mod:`eventlog.overlap`): one C loop instead of a hash object
+per digest, on the worker thread beside the encoding of the next :data:`EACH_PART` messages."""
+EACH_PART = 128
+
 _DIGEST = type(sha256()).digest
 _DICT = frozenset({dict})
 
@@ -328,10 +334,20 @@ def _extend_batch(out: Prepared, reuse: int, parent: bytes, chain: bool, copying
     if not set(map(type, batch)) <= _DICT:
         return False
     copies = [remember(message) for message in batch] if copying else None  # before encoding
+    hashing = overlap._digest if len(batch) >= EACH_FROM else None
+    jobs = []
     try:
-        bodies = list(map(codec.encode, batch))
+        if hashing is None:
+            bodies = list(map(codec.encode, batch))
+        else:
+            # Each part's bodies are hashed on the worker thread while the next part is encoded.
+            bodies = []
+            for at in range(0, len(batch), EACH_PART):
+                part = list(map(codec.encode, batch[at : at + EACH_PART]))
+                bodies += part
+                jobs.append(hashing.each(part, overlap.OFFLOAD))
     except Exception:
-        return False
+        return False  # a job dropped unfinished waits for the worker to let go of its bodies
     if len(batch) >= PLAIN_BATCH:
         if not codec.plain_batch(batch):  # also refuses `_` keys, so the scaffolding flags
             return False
@@ -341,7 +357,12 @@ def _extend_batch(out: Prepared, reuse: int, parent: bytes, chain: bool, copying
         inspect = codec.inspect_encoded
         if any([inspect(message, index) for index, message in enumerate(batch, reuse)]):
             return False  # `_` keys: the loop strips them
-    digests = list(map(_DIGEST, map(sha256, bodies)))
+    if hashing is None:
+        digests = list(map(_DIGEST, map(sha256, bodies)))
+    else:
+        digests = jobs[0].finish()
+        for job in jobs[1:]:
+            digests += job.finish()
     if copies is not None:
         out.copies += copies
     out.fast += bodies
@@ -349,7 +370,9 @@ def _extend_batch(out: Prepared, reuse: int, parent: bytes, chain: bool, copying
     out.kept.extend(range(reuse, len(out.raw)))
     out.bodies += bodies
     out.digests += digests
-    if chain:
+    if chain and hashing is not None:
+        out.nodes += hashing.chain(parent, digests)
+    elif chain:
         nodes_out = out.nodes.append
         for digest in digests:
             parent = sha256(parent + digest).digest()

@@ -161,3 +161,71 @@ def test_a_log_whose_events_were_hashed_either_way_verifies(tmp_path, monkeypatc
     with EventLog.open(tmp_path / "log", readonly=True) as log:
         assert log.messages("bulk")[:2500] == messages
         assert log.verify().ok
+
+
+def hashlib_nodes(parent: bytes, digests: list[bytes]) -> list[bytes]:
+    nodes = []
+    for digest in digests:
+        parent = sha256(parent + digest).digest()
+        nodes.append(parent)
+    return nodes
+
+
+@needs_c
+@settings(max_examples=200, deadline=None)
+@given(
+    items=st.lists(st.binary(max_size=3000), max_size=40),
+    offload=st.booleans(),
+    parent=st.binary(min_size=32, max_size=32),
+)
+def test_each_and_chain_agree_with_hashlib_exactly(items, offload, parent):
+    digests = overlap._digest.each(items, offload).finish()
+    assert digests == [sha256(item).digest() for item in items]
+    assert overlap._digest.chain(parent, digests) == hashlib_nodes(parent, digests)
+
+
+@needs_c
+def test_each_hashes_its_own_copy_of_the_list_the_caller_goes_on_changing():
+    items = [os.urandom(20_000 + i) for i in range(200)]
+    wanted = [sha256(item).digest() for item in items]
+    jobs = [overlap._digest.each(items, True) for _ in range(4)]
+    items.clear()  # the jobs hold their items: none is freed under the worker
+    assert [job.finish() for job in jobs] == [wanted] * 4
+    with pytest.raises(RuntimeError, match="finished already"):
+        jobs[0].finish()
+    dropped = overlap._digest.each([os.urandom(1_000_000)] * 8, True)
+    del dropped  # dropped unfinished: it waits for the worker before its items go
+
+
+@needs_c
+def test_each_and_chain_refuse_what_they_cannot_hash():
+    with pytest.raises(TypeError, match="item 1 is bytearray, not bytes"):
+        overlap._digest.each([b"a", bytearray(b"b")], True)
+    with pytest.raises(TypeError, match="digest 0 is not 32 bytes"):
+        overlap._digest.chain(bytes(32), [b"short"])
+    with pytest.raises(TypeError, match="parent: 32 bytes"):
+        overlap._digest.chain(b"", [])
+
+
+@pytest.mark.parametrize("hashing", ["C loops", "hashlib"])
+def test_a_bulk_flush_hashes_its_bodies_either_way_to_the_same_transcript(tmp_path, monkeypatch, hashing):
+    from eventlog import snapshot
+
+    if hashing == "C loops" and overlap._digest is None:
+        pytest.skip("eventlog._digest was not built")
+    if hashing == "hashlib":
+        monkeypatch.setattr(overlap, "_digest", None)
+    messages = [{"role": "user", "content": f"message {i}"} for i in range(3 * snapshot.EACH_PART + 5)]
+    expected_nodes = hashlib_nodes(bytes(32), [sha256(codec_encode(m)).digest() for m in messages])
+    with EventLog.open(tmp_path / "log", durability="none") as log:
+        result = log.flush("bulk", messages)
+        assert result.head == expected_nodes[-1].hex()
+        assert log.flush("bulk", messages + messages[:100]).appended == 100  # the session grows by a bulk again
+        assert log.messages("bulk") == messages + messages[:100]
+        assert log.verify().ok
+
+
+def codec_encode(message: dict) -> bytes:
+    from eventlog import codec
+
+    return codec.encode(message)
