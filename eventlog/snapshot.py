@@ -314,7 +314,7 @@ EACH_FROM = 64
 """From this many new messages (a bulk flush, not a turn), :func:`_extend_batch` hashes the
 bodies with ``eventlog._digest`` (:mod:`eventlog.overlap`): one C loop instead of a hash object
 per digest, on the worker thread beside the encoding of the next :data:`EACH_PART` messages."""
-EACH_PART = 128
+EACH_PART = 64
 
 _DIGEST = type(sha256()).digest
 _DICT = frozenset({dict})
