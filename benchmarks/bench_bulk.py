@@ -27,7 +27,7 @@ What it measures:
   free page reporting, as here), a round that follows other work pays for faulting in again
   the page cache its writes go to, which the floors computing in memory never do (measured
   here: the stored floor below took 1.16-1.20x the floor's time in rounds back to back,
-  1.48-1.57x in rounds after other work, and the import as much more as it);
+  1.48-1.57x in rounds after other work, and the import took about as much longer);
 - in the same turns, the floor with the messages stored (``STORED_FLOOR``, a third copy):
   each flush's bodies and salts joined into one value, put into a bare LMDB environment
   (no sync, as the import's durability none) and committed.  The floor's time over this
