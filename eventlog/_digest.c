@@ -11,8 +11,8 @@
  * in its deallocation before it lets go of the buffer.
  *
  * `each(bodies, offload)` is the same for a batch: the SHA-256 of each `bytes` of a list (a
- * bulk flush's message bodies), hashed by the worker while the caller encodes the next
- * batch; `Each.finish()` returns the digests as a list.  `chain(parent, digests)` links
+ * bulk flush's message bodies, a part at a time), hashed by the worker while the caller encodes
+ * the next part; `Each.finish()` returns the digests as a list.  `chain(parent, digests)` links
  * digests into node digests (SHA-256 of the parent node and the digest) on the caller's
  * thread.  Both hash with one reused context and the digest fetched once, rather than an
  * object per hash as `hashlib` makes.
