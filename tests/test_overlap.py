@@ -13,7 +13,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from eventlog import EventLog, overlap
+from eventlog import EventLog, codec, overlap, snapshot
 from eventlog.overlap import sha256_during
 
 needs_c = pytest.mark.skipif(overlap._digest is None, reason="eventlog._digest was not built")
@@ -209,23 +209,15 @@ def test_each_and_chain_refuse_what_they_cannot_hash():
 
 @pytest.mark.parametrize("hashing", ["C loops", "hashlib"])
 def test_a_bulk_flush_hashes_its_bodies_either_way_to_the_same_transcript(tmp_path, monkeypatch, hashing):
-    from eventlog import snapshot
-
     if hashing == "C loops" and overlap._digest is None:
         pytest.skip("eventlog._digest was not built")
     if hashing == "hashlib":
         monkeypatch.setattr(overlap, "_digest", None)
     messages = [{"role": "user", "content": f"message {i}"} for i in range(3 * snapshot.EACH_PART + 5)]
-    expected_nodes = hashlib_nodes(bytes(32), [sha256(codec_encode(m)).digest() for m in messages])
+    expected_nodes = hashlib_nodes(bytes(32), [sha256(codec.encode(m)).digest() for m in messages])
     with EventLog.open(tmp_path / "log", durability="none") as log:
         result = log.flush("bulk", messages)
         assert result.head == expected_nodes[-1].hex()
         assert log.flush("bulk", messages + messages[:100]).appended == 100  # the session grows by a bulk again
         assert log.messages("bulk") == messages + messages[:100]
         assert log.verify().ok
-
-
-def codec_encode(message: dict) -> bytes:
-    from eventlog import codec
-
-    return codec.encode(message)
