@@ -14,5 +14,6 @@ setup(
         Extension("eventlog._check", ["eventlog/_check.c"], optional=True),
         Extension("eventlog._plain", ["eventlog/_plain.c"], optional=True),
         Extension("eventlog._digest", ["eventlog/_digest.c"], libraries=["crypto"], optional=True),
+        Extension("projections._rows", ["projections/_rows.c"], optional=True),
     ]
 )

@@ -8,6 +8,7 @@ at or below it leave the index when they are tombstoned or re-displayed.
 
 from __future__ import annotations
 
+import os
 import sqlite3
 import threading
 from collections.abc import Callable
@@ -17,9 +18,15 @@ from typing import Any, Final
 from .core import ROW_COLUMNS, SESSION_COLUMNS
 from .rows import DERIVED
 
+try:
+    from . import _rows
+except ImportError:  # built without a C compiler: group_rows_python gives the same answers
+    _rows = None  # type: ignore[assignment, unused-ignore]
+if os.environ.get("EVENTLOG_PURE_PYTHON"):
+    _rows = None  # type: ignore[assignment, unused-ignore]
+
 INSERT_ROW: Final = f"INSERT INTO messages ({', '.join(ROW_COLUMNS)}) VALUES ({', '.join('?' * len(ROW_COLUMNS))})"
 NODE, DIGEST = ROW_COLUMNS.index("node"), ROW_COLUMNS.index("digest")
-_NONES: Final = (None,) * len(ROW_COLUMNS)
 SAVE_SESSION: Final = (
     f"INSERT OR REPLACE INTO sessions ({', '.join(SESSION_COLUMNS)}) VALUES ({', '.join('?' * len(SESSION_COLUMNS))})"
 )
@@ -114,21 +121,24 @@ class Connection:
             raise interrupted
 
 
-Plan = tuple[str, Callable[[tuple[Any, ...]], tuple[Any, ...]]]
-_plans: dict[tuple[bool, ...], Plan] = {}
+_plans: dict[int, str] = {}
 PLANS: Final = 256
 """Row shapes whose statements are kept (a transcript has a handful)."""
+BLOBS: Final = 1 << NODE | 1 << DIGEST
+"""The columns bound as ``bytearray``: see :func:`insert_rows`."""
+_IDENTITY: Final = (1 << DIGEST + 1) - 1
 
 
-def _plan(nulls: tuple[bool, ...]) -> Plan:
-    filled = [i for i, null in enumerate(nulls) if not null]
-    if filled[: DIGEST + 1] != list(range(DIGEST + 1)):
-        raise ValueError(f"a row leaves a column of its identity NULL: {nulls}")
-    sql = f"INSERT INTO messages (id, {', '.join(ROW_COLUMNS[i] for i in filled)}) VALUES (?{', ?' * len(filled)})"
+def _plan(nulls: int) -> str:
+    """The statement for rows whose ``NULL`` columns are the bits of ``nulls``."""
+    if nulls & _IDENTITY:
+        missing = [c for i, c in enumerate(ROW_COLUMNS[: DIGEST + 1]) if nulls >> i & 1]
+        raise ValueError(f"a row leaves a column of its identity NULL: {missing}")
+    filled = [c for i, c in enumerate(ROW_COLUMNS) if not nulls >> i & 1]
     if len(_plans) >= PLANS:
         _plans.clear()
-    plan = _plans[nulls] = sql, itemgetter(*filled)
-    return plan
+    sql = _plans[nulls] = f"INSERT INTO messages (id, {', '.join(filled)}) VALUES (?{', ?' * len(filled)})"
+    return sql
 
 
 def insert_rows(db: Connection, rows: list[tuple[Any, ...]]) -> None:
@@ -138,20 +148,70 @@ def insert_rows(db: Connection, rows: list[tuple[Any, ...]]) -> None:
     The sqlite3 module binds ``None`` and ``bytes`` through its adapter lookup, several times
     the cost of a ``str`` or an ``int``, and a row leaves most of its columns ``NULL``: each
     row is bound with the columns it fills alone (the others take their default, ``NULL``),
-    and its digests as ``bytearray`` (stored as the same BLOB).
+    and its digests as ``bytearray`` (stored as the same BLOB).  :func:`group_rows` shapes them.
     """
     top = db.execute("SELECT coalesce(max(id), 0) FROM messages").fetchone()[0]
-    groups: dict[str, list[tuple[Any, ...]]] = {}
-    for row_id, row in enumerate(rows, top + 1):
-        nulls = tuple(map(is_, row, _NONES))
-        sql, pick = _plans.get(nulls) or _plan(nulls)
-        v = pick(row)
-        group = groups.get(sql)
-        if group is None:
-            group = groups[sql] = []
-        group.append((row_id, v[0], v[1], v[2], v[3], bytearray(v[NODE]), bytearray(v[DIGEST]), *v[DIGEST + 1 :]))
-    for sql, group in groups.items():
+    groups = group_rows(rows, top + 1, len(ROW_COLUMNS), BLOBS)
+    statements = [(_plans.get(nulls) or _plan(nulls), group) for nulls, group in groups.items()]
+    for sql, group in statements:  # every row's shape checked before the first is inserted
         db.executemany(sql, group)
+
+
+def group_rows(rows: list[tuple[Any, ...]], first_id: int, width: int, blobs: int) -> dict[int, list[tuple[Any, ...]]]:
+    """``rows`` grouped by shape, for one ``executemany`` a shape.
+
+    Row ``i`` (a tuple of ``width`` values) gets the id ``first_id + i``.  Its group's key has
+    bit ``j`` set when its column ``j`` is ``None``; its entry is its id followed by the columns
+    that are not ``None``, in order, those whose bit is set in ``blobs`` as a ``bytearray``.
+    Groups come in the order of their first rows.  One loop in C when the extension
+    ``projections._rows`` is built (and ``EVENTLOG_PURE_PYTHON`` is not set), else
+    :func:`group_rows_python`, which gives the same answers.
+    """
+    if _rows is not None:
+        return _rows.group_rows(rows, first_id, width, blobs)
+    return group_rows_python(rows, first_id, width, blobs)
+
+
+_Shape = tuple[int, Callable[[tuple[Any, ...]], Any], tuple[int, ...]]
+_shapes: dict[tuple[tuple[bool, ...], int], _Shape] = {}
+
+
+def _shape(nulls: tuple[bool, ...], blobs: int) -> _Shape:
+    """A shape's key, the picker of its values and where its blobs are among them."""
+    filled = [j for j, null in enumerate(nulls) if not null]
+    pick: Callable[[tuple[Any, ...]], Any]
+    if len(filled) > 1:
+        pick = itemgetter(*filled)
+    else:  # itemgetter of one index gives the value itself, of none is an error
+        pick = lambda row: tuple(row[j] for j in filled)  # noqa: E731
+    at = tuple(k for k, j in enumerate(filled) if blobs >> j & 1)
+    if len(_shapes) >= PLANS:
+        _shapes.clear()
+    shape = _shapes[nulls, blobs] = sum(1 << j for j, null in enumerate(nulls) if null), pick, at
+    return shape
+
+
+def group_rows_python(
+    rows: list[tuple[Any, ...]], first_id: int, width: int, blobs: int
+) -> dict[int, list[tuple[Any, ...]]]:
+    """:func:`group_rows` in Python."""
+    nones = (None,) * width
+    groups: dict[int, list[tuple[Any, ...]]] = {}
+    for i, row in enumerate(rows):
+        if type(row) is not tuple or len(row) != width:
+            raise ValueError(f"group_rows: row {i} is not a tuple of {width} values")
+        nulls = tuple(map(is_, row, nones))
+        mask, pick, at = _shapes.get((nulls, blobs)) or _shape(nulls, blobs)
+        values = pick(row)
+        if at:
+            values = list(values)
+            for k in at:
+                values[k] = bytearray(values[k])
+        group = groups.get(mask)
+        if group is None:
+            group = groups[mask] = []
+        group.append((first_id + i, *values))
+    return groups
 
 
 class SQLiteStore:

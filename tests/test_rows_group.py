@@ -1,0 +1,153 @@
+"""How a SQLite projection shapes its rows for ``executemany``: the C loop (``projections._rows``)
+against the pure-Python one, exactly, and a projection written through each holds the same rows."""
+
+from __future__ import annotations
+
+import sqlite3
+from typing import Any
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from eventlog import EventLog
+from projections import SQLiteProjection, sqlite_store
+from projections.core import ROW_COLUMNS
+from projections.sqlite_store import BLOBS, group_rows, group_rows_python
+
+needs_c = pytest.mark.skipif(sqlite_store._rows is None, reason="projections._rows was not built (no C compiler)")
+
+
+@pytest.fixture(params=["C loop", "pure-Python loop"])
+def grouped_by(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
+    if request.param_index == 0:
+        if sqlite_store._rows is None:
+            pytest.skip("projections._rows was not built (no C compiler)")
+    else:
+        monkeypatch.setattr(sqlite_store, "_rows", None)
+    return str(request.param)
+
+
+def typed(groups: dict[int, list[tuple[Any, ...]]]) -> list[tuple[int, list[list[tuple[type, Any]]]]]:
+    """The groups with every value's type beside it (``bytearray(b"x") == b"x"``), in order."""
+    return [(key, [[(type(v), v) for v in entry] for entry in group]) for key, group in groups.items()]
+
+
+values = st.one_of(st.none(), st.text(max_size=5), st.integers(-(2**70), 2**70), st.floats(allow_nan=False))
+blob_values = st.one_of(st.none(), st.binary(max_size=8))
+
+
+@st.composite
+def batches(draw: st.DrawFn) -> tuple[list[tuple[Any, ...]], int, int]:
+    width = draw(st.integers(0, 12))
+    blob_columns = draw(st.sets(st.integers(0, max(0, width - 1)), max_size=width)) if width else set()
+    column = [blob_values if j in blob_columns else values for j in range(width)]
+    rows = draw(st.lists(st.tuples(*column), max_size=20))
+    return rows, width, sum(1 << j for j in blob_columns)
+
+
+@needs_c
+@settings(max_examples=400, deadline=None)
+@given(batch=batches(), first_id=st.integers(-(2**70), 2**70))
+def test_the_c_loop_groups_exactly_as_the_python_loop(batch, first_id):
+    rows, width, blobs = batch
+    assert typed(sqlite_store._rows.group_rows(rows, first_id, width, blobs)) == typed(
+        group_rows_python(rows, first_id, width, blobs)
+    )
+
+
+def test_rows_are_grouped_by_their_null_columns_with_their_ids(grouped_by):
+    rows = [(b"n0", "a", None), (b"n1", None, None), (b"n2", "c", None), (None, "d", 4)]
+    groups = group_rows(rows, 7, 3, 0b001)
+    assert typed(groups) == [
+        (0b100, [[(int, 7), (bytearray, b"n0"), (str, "a")], [(int, 9), (bytearray, b"n2"), (str, "c")]]),
+        (0b110, [[(int, 8), (bytearray, b"n1")]]),
+        (0b001, [[(int, 10), (str, "d"), (int, 4)]]),
+    ]
+    assert group_rows([], 1, 3, 0) == {}
+    assert typed(group_rows([(None, None)], 1, 2, 0b11)) == [(0b11, [[(int, 1)]])]
+
+
+@pytest.mark.parametrize(
+    ("rows", "width", "problem"),
+    [
+        ([("a", "b"), ["c", "d"]], 2, "row 1 is not a tuple of 2 values"),
+        ([("a", "b", "c")], 2, "row 0 is not a tuple of 2 values"),
+        ([("a",), ()], 1, "row 1 is not a tuple of 1 values"),
+    ],
+)
+def test_a_row_of_another_shape_is_named(grouped_by, rows, width, problem):
+    with pytest.raises(ValueError, match=problem):
+        group_rows(rows, 1, width, 0)
+
+
+@needs_c
+def test_the_c_loop_refuses_what_it_cannot_group():
+    with pytest.raises(TypeError):
+        sqlite_store._rows.group_rows((("a",),), 1, 1, 0)  # not a list
+    with pytest.raises(TypeError):
+        sqlite_store._rows.group_rows([("a",)], "1", 1, 0)  # an id that is not an int
+    with pytest.raises(ValueError, match="width"):
+        sqlite_store._rows.group_rows([], 1, 64, 0)  # more columns than a mask has bits
+    with pytest.raises(TypeError):
+        sqlite_store._rows.group_rows([("a",)], 1, 1, 0b1)  # a blob column that bytearray() refuses
+
+
+def test_a_row_without_its_identity_is_refused_before_any_insert(tmp_path, grouped_by):
+    db = sqlite3.connect(tmp_path / "p.db", isolation_level=None)
+    with SQLiteProjection(tmp_path / "p.db"):
+        pass
+    row: list[Any] = [None] * len(ROW_COLUMNS)
+    for column, value in {
+        "session_id": "s",
+        "position": 0,
+        "seq": 1,
+        "idx": 0,
+        "node": b"n" * 32,
+        "digest": b"d" * 32,
+        "body_seq": 1,
+        "body_idx": 0,
+        "summary": 0,
+        "created_ns": 5,
+    }.items():
+        row[ROW_COLUMNS.index(column)] = value
+    good = tuple(row)
+    row[ROW_COLUMNS.index("node")] = None
+    with pytest.raises(ValueError, match="identity NULL: \\['node'\\]"):
+        sqlite_store.insert_rows(sqlite_store.Connection(db), [good, tuple(row)])
+    assert db.execute("SELECT count(*) FROM messages").fetchone()[0] == 0
+    db.close()
+
+
+def test_a_projection_holds_the_same_rows_through_either_loop(tmp_path, monkeypatch):
+    messages: list[dict[str, Any]] = [
+        {"role": "system", "content": "be brief"},
+        {"role": "user", "content": "hi", "timestamp": 1.5},
+        {
+            "role": "assistant",
+            "content": None,
+            "tool_calls": [{"id": "c1", "type": "function", "function": {"name": "f", "arguments": "{}"}}],
+        },
+        {"role": "tool", "tool_call_id": "c1", "content": "42", "platform_message_id": 7},
+        {"role": "assistant", "content": [{"type": "text", "text": "done"}], "reasoning": "why", "n": 2**63},
+    ]
+    with EventLog.open(tmp_path / "log", durability="none") as log:
+        for i in range(1, len(messages) + 1):
+            log.flush("a", messages[:i])
+        log.flush("b", messages * 30)
+        found = []
+        for name, c_loop in (("c", True), ("python", False)):
+            if not c_loop:
+                monkeypatch.setattr(sqlite_store, "_rows", None)
+            with SQLiteProjection(tmp_path / f"{name}.db") as projection:
+                projection.catch_up(log)
+                db = sqlite3.connect(tmp_path / f"{name}.db")
+                found.append(db.execute("SELECT * FROM messages ORDER BY id").fetchall())
+                db.close()
+    assert len(found[0]) == 5 + 150
+    assert found[0] == found[1]
+    assert {type(row[ROW_COLUMNS.index("node") + 1]) for row in found[0]} == {bytes}  # stored as BLOBs
+
+
+def test_the_blob_columns_are_the_digests():
+    assert BLOBS == 1 << ROW_COLUMNS.index("node") | 1 << ROW_COLUMNS.index("digest")
