@@ -1,10 +1,11 @@
 """The optional C accelerators: the default mode's edit check (``eventlog._check``), the
-batch check of a bulk flush (``eventlog._plain``) and the hash of a large event on a native
-thread (``eventlog._digest``, linked with OpenSSL's libcrypto).
+batch check of a bulk flush (``eventlog._plain``), the hash of a large event on a native
+thread (``eventlog._digest``, linked with OpenSSL's libcrypto) and the shaping of a SQLite
+projection's rows for ``executemany`` (``projections._rows``).
 
 Everything else is configured in pyproject.toml.  The extensions are optional: where no C
-compiler is available the build goes on without them and the pure-Python checks, which give
-the same answers, are used.
+compiler is available the build goes on without them and the pure-Python code, which gives
+the same answers, is used.
 """
 
 from setuptools import Extension, setup
