@@ -20,12 +20,20 @@ Rules:
 from __future__ import annotations
 
 import math
+import os
 import sys
 from typing import Any, Final
 
 import msgspec
 
 from eventlog.text import text_of
+
+try:
+    from . import _rows
+except ImportError:  # built without a C compiler: derive_python gives the same columns
+    _rows = None  # type: ignore[assignment, unused-ignore]
+if os.environ.get("EVENTLOG_PURE_PYTHON"):
+    _rows = None  # type: ignore[assignment, unused-ignore]
 
 DERIVED: Final = (
     "role",
@@ -152,7 +160,21 @@ def _call_words(call: dict[str, Any], words: list[str]) -> None:
 
 
 def derive(message: dict[str, Any], override: dict[str, Any] | None) -> tuple[Any, ...]:
-    """The :data:`DERIVED` columns of a row for ``message`` displayed with ``override``."""
+    """The :data:`DERIVED` columns of a row for ``message`` displayed with ``override``.
+
+    One call in C for a message without an override when the extension ``projections._rows``
+    is built (and ``EVENTLOG_PURE_PYTHON`` is not set), else :func:`derive_python`, which gives
+    the same columns.
+    """
+    if not override and _rows is not None:
+        derived = _rows.derive(message, _json.encode, text_of)
+        if derived is not None:
+            return derived
+    return derive_python(message, override)
+
+
+def derive_python(message: dict[str, Any], override: dict[str, Any] | None) -> tuple[Any, ...]:
+    """:func:`derive` in Python."""
     view = message
     content = message.get("content")
     api_content = None

@@ -1,5 +1,6 @@
-"""How a SQLite projection shapes its rows for ``executemany``: the C loop (``projections._rows``)
-against the pure-Python one, exactly, and a projection written through each holds the same rows."""
+"""The C loops of the projections (``projections._rows``) against their pure-Python counterparts,
+exactly: a row's derived columns, and the shaping of a SQLite projection's rows for
+``executemany``; a projection written through either holds the same rows."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from eventlog import EventLog
-from projections import SQLiteProjection, sqlite_store
+from projections import SQLiteProjection, rows, sqlite_store
 from projections.core import ROW_COLUMNS
 from projections.sqlite_store import BLOBS, group_rows, group_rows_python
 
@@ -25,7 +26,138 @@ def grouped_by(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) 
             pytest.skip("projections._rows was not built (no C compiler)")
     else:
         monkeypatch.setattr(sqlite_store, "_rows", None)
+        monkeypatch.setattr(rows, "_rows", None)
     return str(request.param)
+
+
+def tagged(value: Any) -> Any:
+    """``value`` with the type of every scalar beside it (``1 == 1.0 == True``)."""
+    if isinstance(value, tuple):
+        return tuple(tagged(v) for v in value)
+    return type(value), value
+
+
+def outcome(derive: Any, message: Any) -> Any:
+    try:
+        return "columns", tagged(derive(message))
+    except Exception as e:
+        return "raises", type(e), str(e)
+
+
+def c_derive(message: Any) -> Any:
+    return sqlite_store._rows.derive(message, rows._json.encode, rows.text_of)  # type: ignore[union-attr]
+
+
+KEYS = [
+    "role", "content", "type", "output", "name", "tool_name", "tool_call_id", "call_id", "tool_calls",
+    "finish_reason", "reasoning", "reasoning_content", "reasoning_details", "timestamp", "display_kind",
+    "display_metadata", "platform_message_id", "function", "arguments", "input", "text",
+]  # fmt: skip
+leaves = st.one_of(
+    st.none(),
+    st.booleans(),
+    st.integers(-(2**70), 2**70),
+    st.floats(allow_nan=False, allow_infinity=False),
+    st.text(max_size=6),
+    st.sampled_from(["assistant", "tool", "function", "user", "function_call", "tool_use", "server_tool_use", ""]),
+)
+json_values = st.recursive(
+    leaves,
+    lambda inner: (
+        st.lists(inner, max_size=3) | st.dictionaries(st.sampled_from(KEYS) | st.text(max_size=3), inner, max_size=4)
+    ),
+    max_leaves=12,
+)
+calls = st.lists(
+    st.one_of(
+        st.fixed_dictionaries(
+            {"id": st.text(max_size=3), "function": st.fixed_dictionaries({"name": leaves, "arguments": json_values})}
+        ),
+        st.dictionaries(st.sampled_from(["name", "arguments", "input", "function"]), json_values, max_size=3),
+        leaves,
+    ),
+    max_size=3,
+)
+parts = st.lists(
+    st.one_of(
+        st.fixed_dictionaries({"type": st.sampled_from(["tool_use", "server_tool_use", "text", "image_url"])}).flatmap(
+            lambda part: st.fixed_dictionaries(
+                {**{k: st.just(v) for k, v in part.items()}, "name": leaves, "input": json_values, "text": leaves}
+            )
+        ),
+        json_values,
+    ),
+    max_size=3,
+)
+messages = st.tuples(
+    st.dictionaries(st.sampled_from(KEYS) | st.text(max_size=4), json_values, max_size=8),
+    st.fixed_dictionaries(
+        {}, optional={"tool_calls": calls, "content": parts | json_values, "role": leaves, "type": leaves}
+    ),
+).map(lambda drawn: {**drawn[0], **drawn[1]})
+
+
+@needs_c
+@settings(max_examples=1500, deadline=None)
+@given(message=messages)
+def test_the_c_derive_gives_exactly_the_python_columns(message):
+    derived = outcome(c_derive, message)
+    assert derived != ("columns", (type(None), None)), "a dict of JSON values is derived in C"
+    assert derived == outcome(lambda m: rows.derive_python(m, None), message)
+
+
+@needs_c
+@pytest.mark.parametrize(
+    "message",
+    [
+        [("role", "user")],  # not a dict
+        {"role": "user", "content": ("a", "tuple")},
+        {"role": "user", "n": b"bytes"},
+        {"role": type("Role", (str,), {})("assistant")},  # a str subclass (it may compare as it likes)
+        {1: "a key that is not a str", "role": "user"},
+        {"role": "assistant", "content": [{"type": type("Kind", (str,), {})("tool_use"), "name": "x"}]},
+    ],
+)
+def test_what_the_c_derive_leaves_to_python_is_derived_there(message):
+    assert c_derive(message) is None
+    assert outcome(lambda m: rows.derive(m, None), message) == outcome(lambda m: rows.derive_python(m, None), message)
+
+
+def test_a_message_with_a_display_override_is_derived_in_python(grouped_by):
+    message = {
+        "role": "assistant",
+        "content": "wire text",
+        "tool_calls": [{"function": {"name": "f", "arguments": "{}"}}],
+    }
+    derived = rows.derive(message, {"content": "shown"})
+    assert derived == rows.derive_python(message, {"content": "shown"})
+    assert derived[rows.DERIVED.index("content")] == "shown"
+    assert derived[rows.DERIVED.index("api_content")] == "wire text"
+    assert derived[rows.DERIVED.index("tool_text")] == "f {}"
+
+
+def test_the_columns_of_common_messages(grouped_by):
+    derive = rows.derive
+    column = rows.DERIVED.index
+    tool = derive({"role": "tool", "name": "lookup", "tool_call_id": "c1", "content": "42", "timestamp": 2**64}, None)
+    assert (tool[column("tool_name")], tool[column("tool_call_id")], tool[column("tool_text")]) == (
+        "lookup",
+        "c1",
+        "lookup",
+    )
+    assert tool[column("timestamp")] == str(2**64)  # past SQLite's integers: as text
+    call = derive({"type": "function_call", "name": "f", "arguments": {"q": 1}, "call_id": "c2"}, None)
+    assert (call[column("role")], call[column("tool_call_id")], call[column("tool_text")]) == (
+        "function_call",
+        "c2",
+        'f {"q":1}',
+    )
+    said = derive({"role": "assistant", "content": [{"type": "text", "text": "hi"}], "reasoning": {"r": 1}}, None)
+    assert (said[column("content")], said[column("reasoning")]) == ("hi", '{"r":1}')
+    assert derive({"role": "user", "reasoning": "no"}, None)[column("reasoning")] is None  # assistant rows only
+    output = derive({"type": "function_call_output", "call_id": "c2", "output": "done"}, None)
+    assert output[column("content")] == "done"
+    assert derive({"role": "user", "platform_message_id": True}, None)[column("platform_message_id")] == 1
 
 
 def typed(groups: dict[int, list[tuple[Any, ...]]]) -> list[tuple[int, list[list[tuple[type, Any]]]]]:
