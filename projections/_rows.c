@@ -60,7 +60,7 @@ static PyObject *group_rows(PyObject *module, PyObject *const *args, Py_ssize_t 
         return NULL;
     }
     PyObject *rows = args[0], *first_id = args[1];
-    if (!PyLong_Check(first_id)) {
+    if (!PyLong_CheckExact(first_id)) {
         PyErr_SetString(PyExc_TypeError, "group_rows: first_id must be an int");
         return NULL;
     }
@@ -78,10 +78,10 @@ static PyObject *group_rows(PyObject *module, PyObject *const *args, Py_ssize_t 
     Py_INCREF(row_id);
     PyObject *one = PyLong_FromLong(1);
     if (one == NULL) goto fail;
-    /* The list may not change size under the loop: no Python code runs in it. */
+    /* The size is read again for each row: bytearray() of an odd blob could run code that changes the list. */
     for (Py_ssize_t i = 0; i < PyList_GET_SIZE(rows); i++) {
         PyObject *row = PyList_GET_ITEM(rows, i);
-        if (!PyTuple_Check(row) || PyTuple_GET_SIZE(row) != width) {
+        if (!PyTuple_CheckExact(row) || PyTuple_GET_SIZE(row) != width) {
             PyErr_Format(PyExc_ValueError, "group_rows: row %zd is not a tuple of %zd values", i, width);
             goto fail;
         }
@@ -131,7 +131,6 @@ fail:
     return NULL;
 }
 
-
 /* The derived columns, in projections.rows.DERIVED order. */
 enum {
     ROLE, CONTENT, API_CONTENT, TOOL_CALLS, TOOL_CALL_ID, TOOL_NAME, NAME, FINISH_REASON, REASONING,
@@ -158,7 +157,8 @@ static const char *key_names[KEY_COUNT] = {
 };
 static PyObject *keys[KEY_COUNT];
 
-/* `message.get(key)`, borrowed; NULL when absent.  A str key's lookup cannot fail. */
+/* `message.get(key)`, borrowed; NULL when absent, or with an error set where one of the dict's keys
+ * is not a str and raises when compared (the message's own keys are all str: checked first). */
 static PyObject *get(PyObject *message, int key) { return PyDict_GetItemWithError(message, keys[key]); }
 
 /* JSON text of a value, as rows.to_json gives it: msgspec's encoding (`encode`), decoded. */
